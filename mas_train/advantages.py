@@ -1,0 +1,247 @@
+r"""Advantages for multi-agent GRPO: global (GRPO) and per-agent (Dr. MAS) normalisation.
+
+Pure, vectorised numpy; no trainer state. One *sample* is one agent turn; its score is
+``s = R - c * invalid`` (R the team reward of its trajectory, c the invalid-action penalty). Samples are
+grouped into *task groups* (the G trajectories sampled for one task), trajectories and agents.
+
+Notation for one task group (Dr. MAS, arXiv 2602.08847):
+
+* trajectory score :math:`r_i` = mean of the step scores of trajectory i (equal to R when nothing is penalised);
+* global statistics (eq. 2): :math:`\mu, \sigma` = mean and **population** std of :math:`r_1..r_G`;
+* per-agent statistics (eq. 5, Algorithm 1 lines 37-41): :math:`\mu_k, \sigma_k` = mean and **population** std
+  of the step scores of agent k in the group -- a trajectory counts once per turn of k.
+
+Modes (the mean and std used; ε = 1e-6):
+
+=============  ============================  =====================================================
+mode           statistics                    advantage of a sample of agent k in trajectory i
+=============  ============================  =====================================================
+``grpo``       (μ, σ)      eq. 2             :math:`(r_i - \mu) / (\sigma + \varepsilon)` (every step of i)
+``drmas``      (μ_k, σ_k)  eq. 5             :math:`(s - \mu_k) / (\sigma_k + \varepsilon)`
+``agent_mean`` (μ_k, σ)    ablation          :math:`(s - \mu_k) / (\sigma + \varepsilon)`
+``agent_std``  (μ, σ_k)    ablation          :math:`(s - \mu) / (\sigma_k + \varepsilon)`
+=============  ============================  =====================================================
+
+Where the std a mode divides by is 0 (all values equal, including a single value) the advantage is exactly 0:
+there is no learning signal, and it is never inflated by ``1/ε``. Those samples are flagged (``zero_std``) and
+their fraction is reported per agent.
+
+``scope="group"`` (default) computes the statistics per task group, as the reference code does;
+``scope="batch"`` pools every task group of the batch (one μ/σ over all trajectories, one μ_k/σ_k per agent).
+
+Differences from the reference code (``verl/trainer/ppo/core_algos.py::compute_grpo_outcome_advantage``):
+
+* it uses the unbiased (N-1) ``torch.std``; we use the population std the paper writes;
+* a key with a single sample gets μ := 0, σ := 1 there, i.e. the raw, uncentred score as advantage; here it gets
+  0 (σ = 0: no signal);
+* its ablation branch selects step- vs trajectory-weighted statistics inside the per-agent key, not the paper's
+  mixed (μ_k, σ) / (μ, σ_k); we implement the paper's mixtures;
+* it computes statistics after duplicating padding rows; we never pad before the advantage.
+
+What the trainer logs from :class:`AdvantageResult.metrics`: per agent the mean and std of its advantages, its
+sample count, and the fraction of its samples whose std was 0 (``advantages/zero_std_frac/<agent>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "MODES",
+    "SCOPES",
+    "AdvantageResult",
+    "AgentAdvantageStats",
+    "compute_advantages",
+    "compute_advantages_with_stats",
+]
+
+MODES = ("drmas", "grpo", "agent_mean", "agent_std")
+SCOPES = ("group", "batch")
+
+# A std below this (relative to the magnitude of the mean) is rounding noise of equal values, i.e. zero.
+_ZERO_STD_RTOL = 1e-12
+
+
+@dataclass(frozen=True)
+class AgentAdvantageStats:
+    """Advantage statistics of one agent's samples in a batch.
+
+    Attributes:
+        count: number of samples (turns) of the agent.
+        mean: mean of their advantages.
+        std: population std of their advantages.
+        zero_std_frac: fraction of them whose divisor std was 0 (advantage set to 0), in [0, 1].
+    """
+
+    count: int
+    mean: float
+    std: float
+    zero_std_frac: float
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Output of :func:`compute_advantages_with_stats`.
+
+    Attributes:
+        advantages: ``(N,)`` float64, one per sample, in input order.
+        zero_std: ``(N,)`` bool, True where the std the mode divides by was 0 (the advantage is then 0).
+        per_agent: stats per agent id (as ``str``), in order of first appearance.
+    """
+
+    advantages: np.ndarray
+    zero_std: np.ndarray
+    per_agent: dict[str, AgentAdvantageStats]
+
+    def metrics(self, prefix: str = "advantages") -> dict[str, float]:
+        """Flat, log-ready metrics: ``<prefix>/{mean,std,count,zero_std_frac}/<agent>``."""
+        out: dict[str, float] = {}
+        for agent, st in self.per_agent.items():
+            out[f"{prefix}/mean/{agent}"] = st.mean
+            out[f"{prefix}/std/{agent}"] = st.std
+            out[f"{prefix}/count/{agent}"] = float(st.count)
+            out[f"{prefix}/zero_std_frac/{agent}"] = st.zero_std_frac
+        return out
+
+
+def compute_advantages(
+    scores: Sequence[float] | np.ndarray,
+    group_ids: Sequence[Hashable] | np.ndarray,
+    traj_ids: Sequence[Hashable] | np.ndarray,
+    agent_ids: Sequence[Hashable] | np.ndarray,
+    *,
+    mode: str = "drmas",
+    eps: float = 1e-6,
+    scope: str = "group",
+) -> np.ndarray:
+    """One advantage per sample (see the module docstring for the formulas).
+
+    Args:
+        scores: ``(N,)`` per-sample scores ``s = R - c * invalid`` (finite floats).
+        group_ids: ``(N,)`` task-group id of each sample (e.g. the task uid).
+        traj_ids: ``(N,)`` trajectory id of each sample; only needs to be unique within its task group.
+        agent_ids: ``(N,)`` agent of each sample.
+        mode: ``"drmas"`` (eq. 5), ``"grpo"`` (eq. 2), ``"agent_mean"`` (μ_k, σ) or ``"agent_std"`` (μ, σ_k).
+        eps: ε added to the std (>= 0).
+        scope: ``"group"`` (statistics per task group) or ``"batch"`` (pooled over the batch).
+
+    Returns:
+        ``(N,)`` float64 advantages, in input order.
+
+    Raises:
+        ValueError: unknown mode or scope, negative/non-finite eps, inputs of different lengths or not 1-D, or
+            NaN/inf scores (the message gives their count and first indices).
+    """
+    return compute_advantages_with_stats(
+        scores, group_ids, traj_ids, agent_ids, mode=mode, eps=eps, scope=scope
+    ).advantages
+
+
+def compute_advantages_with_stats(
+    scores: Sequence[float] | np.ndarray,
+    group_ids: Sequence[Hashable] | np.ndarray,
+    traj_ids: Sequence[Hashable] | np.ndarray,
+    agent_ids: Sequence[Hashable] | np.ndarray,
+    *,
+    mode: str = "drmas",
+    eps: float = 1e-6,
+    scope: str = "group",
+) -> AdvantageResult:
+    """:func:`compute_advantages` plus the zero-std mask and per-agent statistics to log.
+
+    Same arguments and errors as :func:`compute_advantages`.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
+    if not np.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1:
+        raise ValueError(f"scores must be 1-D (one per sample), got shape {s.shape}")
+    n = s.shape[0]
+    bad = np.flatnonzero(~np.isfinite(s))
+    if bad.size:
+        raise ValueError(
+            f"scores contain {bad.size} NaN/inf value(s), first at indices {bad[:5].tolist()}: "
+            f"{s[bad[:5]].tolist()}; check the reward function and the invalid-action penalty"
+        )
+    g = _factorize(group_ids, "group_ids", n) if scope == "group" else np.zeros(n, dtype=np.int64)
+    # trajectories are keyed by (task group, traj id) so ids may repeat across groups
+    t = _combine(_factorize(group_ids, "group_ids", n), _factorize(traj_ids, "traj_ids", n))
+    a_codes, agent_names = _factorize_named(agent_ids, "agent_ids", n)
+    ga = _combine(g, a_codes)
+    if n == 0:
+        return AdvantageResult(np.zeros(0), np.zeros(0, dtype=bool), {})
+
+    # trajectory scores r_i and the task group of each trajectory
+    n_traj = int(t.max()) + 1
+    r = np.bincount(t, weights=s, minlength=n_traj) / np.bincount(t, minlength=n_traj)
+    traj_group = np.zeros(n_traj, dtype=np.int64)
+    traj_group[t] = g
+    mu_g, sigma_g = _mean_std(r, traj_group)  # eq. 2, over trajectories
+    mu_ga, sigma_ga = _mean_std(s, ga)  # eq. 5, over agent turns
+
+    if mode == "grpo":
+        num, sigma = r[t] - mu_g[g], sigma_g[g]
+    elif mode == "drmas":
+        num, sigma = s - mu_ga[ga], sigma_ga[ga]
+    elif mode == "agent_mean":
+        num, sigma = s - mu_ga[ga], sigma_g[g]
+    else:  # agent_std
+        num, sigma = s - mu_g[g], sigma_ga[ga]
+    zero_std = sigma == 0.0
+    adv = np.where(zero_std, 0.0, num / (sigma + eps))
+
+    per_agent: dict[str, AgentAdvantageStats] = {}
+    for code, name in enumerate(agent_names):
+        mask = a_codes == code
+        per_agent[name] = AgentAdvantageStats(
+            count=int(mask.sum()),
+            mean=float(adv[mask].mean()),
+            std=float(adv[mask].std()),
+            zero_std_frac=float(zero_std[mask].mean()),
+        )
+    return AdvantageResult(advantages=adv, zero_std=zero_std, per_agent=per_agent)
+
+
+def _mean_std(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-key mean and population std; a std that is rounding noise of equal values is returned as exactly 0."""
+    k = int(keys.max()) + 1
+    count = np.bincount(keys, minlength=k)
+    safe = np.maximum(count, 1)  # keys without values get 0/1; they are never indexed
+    mean = np.bincount(keys, weights=values, minlength=k) / safe
+    # two-pass variance: exact 0 for identical values far more often than E[x^2] - E[x]^2
+    var = np.bincount(keys, weights=(values - mean[keys]) ** 2, minlength=k) / safe
+    std = np.sqrt(var)
+    std[std <= _ZERO_STD_RTOL * np.maximum(1.0, np.abs(mean))] = 0.0
+    return mean, std
+
+
+def _factorize(ids: Sequence[Hashable] | np.ndarray, name: str, n: int) -> np.ndarray:
+    return _factorize_named(ids, name, n)[0]
+
+
+def _factorize_named(ids: Sequence[Hashable] | np.ndarray, name: str, n: int) -> tuple[np.ndarray, list[str]]:
+    """Integer codes 0..K-1 in order of first appearance, and the K ids as strings."""
+    ids_list = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+    if len(ids_list) != n:
+        raise ValueError(f"{name} has {len(ids_list)} entries but scores has {n}; give one per sample")
+    index: dict[Hashable, int] = {}
+    try:
+        codes = np.fromiter((index.setdefault(x, len(index)) for x in ids_list), dtype=np.int64, count=n)
+    except TypeError as err:  # unhashable ids, e.g. lists
+        raise ValueError(f"{name} must hold hashable ids (str or int), got {err}") from None
+    return codes, [str(x) for x in index]
+
+
+def _combine(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """Codes of the pairs (outer, inner), dense 0..K-1."""
+    if outer.size == 0:
+        return outer
+    pair = outer * (int(inner.max()) + 1) + inner
+    return np.unique(pair, return_inverse=True)[1].reshape(-1).astype(np.int64)
