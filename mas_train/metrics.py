@@ -1,0 +1,150 @@
+"""avg@k and pass@k over k sampled trajectories per task, overall and per data source.
+
+One entry per *trajectory*: its task uid and whether it solved the task. With k trajectories per task:
+
+* avg@k  = mean over tasks of the task's success rate (c / k);
+* pass@k = mean over tasks of 1[at least one success] -- the plain k-sample estimate the Dr. MAS reference
+  reports (``metric_utils.py::compute_pass_at_k_and_avg_at_k``);
+* with ``unbiased=True``, pass@k uses the unbiased estimator of Chen et al. 2021 (arXiv 2107.03374, eq. 1)
+  from n >= k samples per task: ``1 - C(n - c, k) / C(n, k)``.
+
+"Overall" averages over all tasks (each task weighs the same, whatever its data source), as the reference does.
+Results are flat, log-ready dicts: ``{"pass@k": .., "<source>/pass@k": ..}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+__all__ = ["avg_at_k", "pass_at_k", "pass_at_k_and_avg_at_k", "unbiased_pass_at_k"]
+
+
+def unbiased_pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task from n samples with c successes (Chen et al. 2021, eq. 1).
+
+    ``1 - C(n-c, k) / C(n, k)``, computed as a product to stay exact for large n.
+
+    Raises:
+        ValueError: unless ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
+    if not (0 <= c <= n) or not (1 <= k <= n):
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_at_k_and_avg_at_k(
+    uids: Sequence[Hashable],
+    successes: Sequence[bool | int | float],
+    data_sources: Sequence[str] | None = None,
+    *,
+    k: int | None = None,
+    unbiased: bool = False,
+) -> dict[str, float]:
+    """avg@k and pass@k, overall and per data source.
+
+    Args:
+        uids: ``(N,)`` task id of each trajectory.
+        successes: ``(N,)`` whether each trajectory solved its task (bool, or 0/1).
+        data_sources: ``(N,)`` data source of each trajectory (constant within a task), or None.
+        k: samples per task. Default: the number of trajectories per task (which must then be equal for every
+            task). The plain estimate needs exactly k per task; ``unbiased=True`` needs at least k.
+        unbiased: use Chen et al.'s unbiased pass@k estimator instead of the plain k-sample estimate.
+
+    Returns:
+        ``{"avg@k": .., "pass@k": .., "<source>/avg@k": .., "<source>/pass@k": ..}`` with k the number, values
+        in [0, 1]; the per-source keys only when ``data_sources`` is given. Empty input gives ``{}``.
+
+    Raises:
+        ValueError: inputs of different lengths, successes not 0/1, a task with two data sources, or task sizes
+            that do not fit k (the message names the task).
+    """
+    n = len(uids)
+    succ = np.asarray(successes, dtype=np.float64).reshape(-1)
+    if succ.shape[0] != n:
+        raise ValueError(f"successes has {succ.shape[0]} entries but uids has {n}; give one per trajectory")
+    if data_sources is not None and len(data_sources) != n:
+        raise ValueError(f"data_sources has {len(data_sources)} entries but uids has {n}")
+    if not np.isin(succ, (0.0, 1.0)).all():
+        raise ValueError(f"successes must be bool or 0/1, got {sorted(set(succ.tolist()) - {0.0, 1.0})[:5]}")
+    if n == 0:
+        return {}
+
+    index: dict[Hashable, int] = {}
+    codes = np.fromiter((index.setdefault(u, len(index)) for u in uids), dtype=np.int64, count=n)
+    tasks = list(index)
+    sizes = np.bincount(codes, minlength=len(tasks))
+    correct = np.bincount(codes, weights=succ, minlength=len(tasks))
+
+    if k is None:
+        if len(set(sizes.tolist())) > 1:
+            raise ValueError(
+                f"tasks have different numbers of trajectories ({sorted(set(sizes.tolist()))}); pass k explicitly "
+                "(with unbiased=True) or give every task the same number"
+            )
+        k = int(sizes[0])
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    wrong = np.flatnonzero(sizes < k if unbiased else sizes != k)
+    if wrong.size:
+        need = f"at least {k}" if unbiased else f"exactly {k} (or use unbiased=True)"
+        raise ValueError(
+            f"task {tasks[wrong[0]]!r} has {sizes[wrong[0]]} trajectories; pass@{k} needs {need}"
+        )
+
+    avg = correct / sizes
+    if unbiased:
+        passed = np.array(
+            [unbiased_pass_at_k(int(m), int(c), k) for m, c in zip(sizes, correct, strict=True)]
+        )
+    else:
+        passed = (correct > 0).astype(np.float64)
+
+    out = {f"avg@{k}": float(avg.mean()), f"pass@{k}": float(passed.mean())}
+    if data_sources is not None:
+        task_source: dict[int, str] = {}
+        for code, src in zip(codes.tolist(), data_sources, strict=True):
+            if task_source.setdefault(code, src) != src:
+                raise ValueError(
+                    f"task {tasks[code]!r} has two data sources: {task_source[code]!r} and {src!r}"
+                )
+        sources = np.array([task_source[i] for i in range(len(tasks))], dtype=object)
+        for src in dict.fromkeys(task_source.values()):
+            mask = sources == src
+            out[f"{src}/avg@{k}"] = float(avg[mask].mean())
+            out[f"{src}/pass@{k}"] = float(passed[mask].mean())
+    return out
+
+
+def pass_at_k(
+    uids: Sequence[Hashable],
+    successes: Sequence[bool | int | float],
+    data_sources: Sequence[str] | None = None,
+    *,
+    k: int | None = None,
+    unbiased: bool = False,
+) -> dict[str, float]:
+    """pass@k overall and per data source: the ``pass@`` entries of :func:`pass_at_k_and_avg_at_k`.
+
+    Example: uids ``[a, a, b, b]``, successes ``[1, 0, 0, 0]`` → ``{"pass@2": 0.5}``.
+    """
+    both = pass_at_k_and_avg_at_k(uids, successes, data_sources, k=k, unbiased=unbiased)
+    return {key: v for key, v in both.items() if key.rsplit("/", 1)[-1].startswith("pass@")}
+
+
+def avg_at_k(
+    uids: Sequence[Hashable],
+    successes: Sequence[bool | int | float],
+    data_sources: Sequence[str] | None = None,
+    *,
+    k: int | None = None,
+) -> dict[str, float]:
+    """avg@k overall and per data source: the ``avg@`` entries of :func:`pass_at_k_and_avg_at_k`.
+
+    Example: uids ``[a, a, b, b]``, successes ``[1, 0, 0, 0]`` → ``{"avg@2": 0.25}``.
+    """
+    both = pass_at_k_and_avg_at_k(uids, successes, data_sources, k=k)
+    return {key: v for key, v in both.items() if key.rsplit("/", 1)[-1].startswith("avg@")}
