@@ -1021,6 +1021,8 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "mas-train") -> Tr
     for key, value in given.items():
         if key in ("config", "agent_models"):
             continue
+        if key in _FREE_DICTS:  # a mapping, so that dotted flags and the YAML file merge into it
+            value = _parse_mapping(value, f"--{key}")
         _set_path(overrides, key.split("."), value)
     for name, model in _parse_mapping(given.get("agent_models", ""), "--agent_models").items():
         _set_path(overrides, ["agents", name, "model"], str(model))
