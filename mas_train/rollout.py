@@ -1,0 +1,414 @@
+"""Rollout collection: G copies of each task stepped in lock-step, one backend call per model group per tick.
+
+The collector is the only place where text meets token ids. For every pending agent turn it renders the env's
+chat messages with the chat template of that agent's model group, sends the token ids to the group's
+generation backend, decodes the completion for the env, and records a :class:`Sample` holding the ids and
+sampling logprobs *exactly as the backend returned them* (training never re-tokenises text; see
+``../shared/research/trl_sglang_ray.md`` §6 "Tokenization mismatch").
+
+Batching: at every tick, each live env has exactly one pending turn (``env.agent_selection``). All pending turns
+of all envs are grouped by model group, so one tick costs one ``generate`` call per model group however many
+envs and agents there are (Dr. MAS reference: ``MultiAgentTrajectoryCollector.vanilla_multi_turn_loop``, which
+batches one agent role at a time across the whole batch).
+
+Prompt length rule: a rendered prompt longer than ``max_prompt_length`` tokens is **not** truncated (cutting
+either end of a chat prompt drops the system prompt or the question and trains on a prompt the env never
+produced). Instead the turn is skipped: the env is stepped with the empty action ``""`` (which every env treats
+as a malformed action, so it is penalised like any invalid action and the episode goes on), no training sample
+is recorded for it (the policy generated nothing), and the skip is counted in ``RolloutBatch.prompt_overflows``
+(logged as ``charts/prompt_overflow``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mas_train.backends.base import GenerationOutput, SamplingParams
+
+
+@dataclass
+class Sample:
+    """One agent turn, the unit the advantage and the loss are computed on (design.md §4).
+
+    Attributes:
+        task_uid: id of the task group (the G trajectories of one task in one step share it).
+        traj_uid: id of the trajectory (unique within a step).
+        agent: the PettingZoo agent name that acted (e.g. ``"solver"``).
+        model_group: the model group whose policy generated the completion.
+        turn: 0-based turn index within the episode (global across agents, ``infos[agent]["turn"]``).
+        prompt_ids: rendered prompt token ids, ``list[int]`` of length P.
+        completion_ids: generated token ids, ``list[int]`` of length T (EOS kept when generated).
+        sampling_logprobs: sampling logprob of each completion token, ``list[float]`` of length T.
+        invalid: whether the env judged the action malformed (``infos[agent]["invalid_action"]``).
+        team_reward: the episode's team reward R (no penalties), broadcast to every turn of the trajectory.
+        success: whether the episode solved its task.
+        weight_version: the backend weight version that produced the completion.
+        finish_reason: ``"stop"`` or ``"length"``.
+        data_source: the task's ``data_source`` (for per-source avg@k/pass@k).
+    """
+
+    task_uid: str
+    traj_uid: str
+    agent: str
+    model_group: str
+    turn: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampling_logprobs: list[float]
+    invalid: bool
+    team_reward: float
+    success: bool
+    weight_version: int
+    finish_reason: str
+    data_source: str
+
+    def score(self, invalid_action_penalty: float) -> float:
+        """The turn's score ``s = R - c * invalid`` (design.md §1; Dr. MAS reference, digest §1.8)."""
+        return self.team_reward - invalid_action_penalty * float(self.invalid)
+
+
+@dataclass
+class Trajectory:
+    """Per-episode summary (one per env copy), for reward/success/turn metrics and avg@k/pass@k."""
+
+    task_uid: str
+    traj_uid: str
+    data_source: str
+    team_reward: float
+    success: bool
+    num_turns: int
+    turns_per_agent: dict[str, int]
+
+
+@dataclass
+class RolloutBatch:
+    """What one :meth:`RolloutCollector.collect` call produced.
+
+    Attributes:
+        samples: one :class:`Sample` per generated agent turn, in (tick, env) order.
+        trajectories: one :class:`Trajectory` per env copy, in task-major order (task 0's G copies first).
+        prompt_overflows: turns skipped because the prompt exceeded ``max_prompt_length`` (per agent).
+        generate_calls: number of backend ``generate`` calls made (per model group).
+        ticks: number of lock-step ticks.
+        generate_seconds: wall time spent inside backend ``generate`` calls.
+        env_seconds: wall time spent in env ``reset``/``step`` and chat-template rendering.
+    """
+
+    samples: list[Sample]
+    trajectories: list[Trajectory]
+    prompt_overflows: dict[str, int] = field(default_factory=dict)
+    generate_calls: dict[str, int] = field(default_factory=dict)
+    ticks: int = 0
+    generate_seconds: float = 0.0
+    env_seconds: float = 0.0
+
+
+class Generator(Protocol):
+    """Anything with the backend ``generate`` signature (a backend, a :class:`ModelGroupWorker`, a Ray handle
+    wrapper)."""
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationOutput]: ...
+
+
+def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """Render chat ``messages`` with ``tokenizer``'s chat template into prompt token ids.
+
+    ``add_generation_prompt=True`` opens the assistant turn. ``enable_thinking=False`` is passed to every
+    template: Qwen3-style templates then emit an empty think block (the Dr. MAS math recipe, digest §7), and
+    templates that do not read the variable ignore it.
+
+    Returns:
+        ``list[int]`` prompt ids (special tokens exactly as the template writes them; none added).
+
+    Raises:
+        ValueError: when the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template; the collector "
+            "renders env messages with it. Use an instruct/chat model or set tokenizer.chat_template."
+        )
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, enable_thinking=False
+    )
+    # Some tokenizers return a BatchEncoding / nested list even with return_dict=False.
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(t) for t in ids]
+
+
+def request_seed(base_seed: int, *parts: object) -> int:
+    """A stable 31-bit seed from ``base_seed`` and identifying parts (step, env index, turn, ...).
+
+    ``hash()`` is salted per process, so CRC32 of the parts' text is used to keep runs and resumes reproducible.
+    """
+    key = ":".join(str(p) for p in (base_seed, *parts)).encode()
+    return zlib.crc32(key) & 0x7FFFFFFF
+
+
+class RolloutCollector:
+    """Steps ``num_generations`` copies of each task in lock-step and batches generation per model group.
+
+    Args:
+        env_factory: zero-argument callable returning a fresh env that follows the design.md §1 contract
+            (``mas_envs.make(...)``). Envs are created lazily and reused across :meth:`collect` calls.
+        generators: model group name → object with the backend ``generate`` signature.
+        tokenizers: model group name → tokenizer whose chat template renders that group's prompts and which
+            decodes its completions.
+        agent_groups: agent name → model group name. Every agent the env can select must be present.
+        sampling: agent name → :class:`SamplingParams` used for that agent's turns. The env's stop strings
+            for the agent are added to ``stop``; ``seed`` is replaced by a per-request seed.
+        max_prompt_length: prompt token cap; longer prompts follow the module's prompt length rule.
+            ``None`` disables the cap.
+        max_ticks: safety bound on lock-step ticks per :meth:`collect`; an env that neither terminates nor
+            truncates within it raises ``RuntimeError`` rather than looping forever.
+        seed: base seed for env resets and per-request sampling seeds.
+
+    Raises:
+        ValueError: when an agent maps to a model group without a generator or tokenizer.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], Any],
+        generators: Mapping[str, Generator],
+        tokenizers: Mapping[str, Any],
+        agent_groups: Mapping[str, str],
+        sampling: Mapping[str, SamplingParams],
+        *,
+        max_prompt_length: int | None = None,
+        max_ticks: int = 256,
+        seed: int = 0,
+    ) -> None:
+        for agent, group in agent_groups.items():
+            if group not in generators or group not in tokenizers:
+                raise ValueError(
+                    f"agent {agent!r} maps to model group {group!r}, which has no generator/tokenizer; "
+                    f"known groups: {sorted(generators)}"
+                )
+        self.env_factory = env_factory
+        self.generators = dict(generators)
+        self.tokenizers = dict(tokenizers)
+        self.agent_groups = dict(agent_groups)
+        self.sampling = dict(sampling)
+        self.max_prompt_length = max_prompt_length
+        self.max_ticks = max_ticks
+        self.seed = seed
+        self._envs: list[Any] = []
+
+    def _env(self, i: int) -> Any:
+        while len(self._envs) <= i:
+            self._envs.append(self.env_factory())
+        return self._envs[i]
+
+    def close(self) -> None:
+        """Close every env the collector created."""
+        for env in self._envs:
+            close = getattr(env, "close", None)
+            if close is not None:
+                close()
+        self._envs.clear()
+
+    def _sampling_for(
+        self, env: Any, agent: str, override: SamplingParams | None, seed: int
+    ) -> SamplingParams:
+        if agent not in self.agent_groups:
+            raise KeyError(
+                f"env selected agent {agent!r}, which has no model group; configured agents: {sorted(self.agent_groups)}"
+            )
+        base = override if override is not None else self.sampling.get(agent, SamplingParams())
+        env_stops = tuple(getattr(env.unwrapped, "stop_strings", {}).get(agent, ()))
+        stops = tuple(dict.fromkeys(env_stops + tuple(base.stop)))  # ordered de-dup
+        return dataclasses.replace(base, stop=stops, seed=seed)
+
+    def collect(
+        self,
+        tasks: Sequence[Mapping[str, Any]],
+        num_generations: int,
+        *,
+        step: int = 0,
+        sampling_override: SamplingParams | None = None,
+        uid_prefix: str = "",
+    ) -> RolloutBatch:
+        """Run ``num_generations`` episodes of every task in lock-step.
+
+        Args:
+            tasks: task rows (design.md §1: ``question``, ``answer``/``golden_answers``, ``data_source``,
+                optional ``id``), each passed as ``env.reset(options={"task": row})``.
+            num_generations: G, copies per task (the task group).
+            step: training step, mixed into env and sampling seeds (so every step samples afresh and a
+                resumed run reproduces the same seeds).
+            sampling_override: use these sampling settings for every agent (validation/eval), keeping each
+                env's stop strings.
+            uid_prefix: prefix of ``task_uid``/``traj_uid`` (e.g. ``"s12/"``) to keep ids unique across steps.
+
+        Returns:
+            A :class:`RolloutBatch`.
+
+        Raises:
+            RuntimeError: when an env is still running after ``max_ticks`` ticks.
+        """
+        if num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {num_generations}")
+        t_env = 0.0
+        t_gen = 0.0
+        n = len(tasks) * num_generations
+        envs = [self._env(i) for i in range(n)]
+        task_uids: list[str] = []
+        traj_uids: list[str] = []
+        sources: list[str] = []
+        t0 = time.perf_counter()
+        for t_idx, row in enumerate(tasks):
+            tid = str(row.get("id", t_idx))
+            for g in range(num_generations):
+                i = t_idx * num_generations + g
+                envs[i].reset(seed=request_seed(self.seed, "reset", step, i), options={"task": dict(row)})
+                task_uids.append(f"{uid_prefix}{t_idx}:{tid}")
+                traj_uids.append(f"{uid_prefix}{t_idx}:{tid}/{g}")
+                sources.append(str(row.get("data_source", "unknown")))
+        t_env += time.perf_counter() - t0
+
+        live = [True] * n
+        per_env_samples: list[list[Sample]] = [[] for _ in range(n)]
+        turns: list[dict[str, int]] = [defaultdict(int) for _ in range(n)]
+        outcome: list[tuple[float, bool] | None] = [None] * n
+        overflows: dict[str, int] = defaultdict(int)
+        calls: dict[str, int] = defaultdict(int)
+        ticks = 0
+
+        while any(live):
+            if ticks >= self.max_ticks:
+                raise RuntimeError(
+                    f"rollout still running after max_ticks={self.max_ticks} ticks; the env must terminate or "
+                    "truncate its episodes (check its max-turn setting) or raise max_ticks"
+                )
+            ticks += 1
+            t0 = time.perf_counter()
+            # requests[group] = list of (env index, agent, prompt ids, sampling)
+            requests: dict[str, list[tuple[int, str, list[int], SamplingParams]]] = defaultdict(list)
+            for i, env in enumerate(envs):
+                if not live[i]:
+                    continue
+                agent = env.agent_selection
+                info = env.infos[agent]
+                group = self.agent_groups.get(agent)
+                if group is None:
+                    raise KeyError(
+                        f"env selected agent {agent!r}, which has no model group; configured agents: "
+                        f"{sorted(self.agent_groups)}"
+                    )
+                prompt = render_prompt(self.tokenizers[group], info["messages"])
+                turn = int(info.get("turn", turns[i][agent]))
+                if self.max_prompt_length is not None and len(prompt) > self.max_prompt_length:
+                    overflows[agent] += 1
+                    self._step_env(i, env, agent, "", None, per_env_samples, turns, live, outcome)
+                    continue
+                sp = self._sampling_for(env, agent, sampling_override, request_seed(self.seed, step, i, turn))
+                requests[group].append((i, agent, prompt, sp))
+            t_env += time.perf_counter() - t0
+
+            for group, reqs in requests.items():
+                t0 = time.perf_counter()
+                outs = self.generators[group].generate([r[2] for r in reqs], [r[3] for r in reqs])
+                t_gen += time.perf_counter() - t0
+                calls[group] += 1
+                if len(outs) != len(reqs):
+                    raise RuntimeError(
+                        f"backend of group {group!r} returned {len(outs)} outputs for {len(reqs)}"
+                    )
+                tok = self.tokenizers[group]
+                t0 = time.perf_counter()
+                for (i, agent, prompt, _sp), out in zip(reqs, outs, strict=True):
+                    text = tok.decode(out.completion_ids, skip_special_tokens=True)
+                    sample = Sample(
+                        task_uid=task_uids[i],
+                        traj_uid=traj_uids[i],
+                        agent=agent,
+                        model_group=group,
+                        turn=int(envs[i].infos[agent].get("turn", turns[i][agent])),
+                        prompt_ids=prompt,
+                        completion_ids=list(out.completion_ids),
+                        sampling_logprobs=list(out.logprobs),
+                        invalid=False,
+                        team_reward=0.0,
+                        success=False,
+                        weight_version=int(out.weight_version),
+                        finish_reason=str(out.finish_reason),
+                        data_source=sources[i],
+                    )
+                    self._step_env(i, envs[i], agent, text, sample, per_env_samples, turns, live, outcome)
+                t_env += time.perf_counter() - t0
+
+        samples: list[Sample] = []
+        trajectories: list[Trajectory] = []
+        for i in range(n):
+            reward, success = outcome[i] if outcome[i] is not None else (0.0, False)
+            for s in per_env_samples[i]:
+                s.team_reward = reward
+                s.success = success
+            samples.extend(per_env_samples[i])
+            trajectories.append(
+                Trajectory(
+                    task_uid=task_uids[i],
+                    traj_uid=traj_uids[i],
+                    data_source=sources[i],
+                    team_reward=reward,
+                    success=success,
+                    num_turns=sum(turns[i].values()),
+                    turns_per_agent=dict(turns[i]),
+                )
+            )
+        return RolloutBatch(
+            samples=samples,
+            trajectories=trajectories,
+            prompt_overflows=dict(overflows),
+            generate_calls=dict(calls),
+            ticks=ticks,
+            generate_seconds=t_gen,
+            env_seconds=t_env,
+        )
+
+    @staticmethod
+    def _step_env(
+        i: int,
+        env: Any,
+        agent: str,
+        action: str,
+        sample: Sample | None,
+        per_env_samples: list[list[Sample]],
+        turns: list[dict[str, int]],
+        live: list[bool],
+        outcome: list[tuple[float, bool] | None],
+    ) -> None:
+        env.step(action)
+        turns[i][agent] += 1
+        info = env.infos.get(agent, {})
+        if sample is not None:
+            sample.invalid = bool(info.get("invalid_action", False))
+            per_env_samples[i].append(sample)
+        # Episode end: every remaining agent is done. Read the outcome now: the dead steps below remove the
+        # agents and with them their infos.
+        if all(env.terminations[a] or env.truncations[a] for a in env.agents):
+            end_info = next((env.infos[a] for a in env.agents if "team_reward" in env.infos[a]), info)
+            outcome[i] = (float(end_info.get("team_reward", 0.0)), bool(end_info.get("success", False)))
+            while env.agents:
+                env.step(None)  # PettingZoo dead steps
+            live[i] = False
+            return
+        # A done agent still selected must be dead-stepped before the next live agent can act.
+        guard = 0
+        while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
+            env.step(None)
+            guard += 1
+            if guard > 10_000:
+                raise RuntimeError("env keeps selecting done agents; it violates the design.md §1 contract")

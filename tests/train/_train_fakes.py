@@ -1,0 +1,88 @@
+"""Small deterministic stand-ins for the rollout/trainer tests: a two-agent text env and a scripted generator.
+
+``ScriptEnv``: the solver answers, the verifier approves or rejects; a rejection gives the solver another turn
+(up to ``max_loops`` solver turns). R = 1 when the last solver answer contains the task's answer. A task row
+may set ``"skip_verifier": True`` (the episode ends after the solver, so the verifier never acts).
+"""
+
+from __future__ import annotations
+
+from mas_envs.core import Outcome, TextAECEnv, Transition, wrap
+from mas_train.backends.base import GenerationOutput
+
+
+class ScriptEnv(TextAECEnv):
+    metadata = {"name": "script_v0", "render_modes": ["ansi"], "is_parallelizable": False}
+    possible_agents = ("solver", "verifier")
+    stop_strings = {"solver": ("</answer>",), "verifier": ("</verify>",)}
+    default_invalid_action_penalty = 0.1
+
+    def __init__(self, max_loops: int = 2, **kw):
+        super().__init__(**kw)
+        self.max_loops = max_loops
+
+    def _start(self, task):
+        self.loops = 0
+        self.last_answer = ""
+        return "solver"
+
+    def _prompt(self, agent):
+        q = self.task["question"]
+        if agent == "solver":
+            return [{"role": "system", "content": "Solve."}, {"role": "user", "content": q}]
+        return [
+            {"role": "system", "content": "Verify."},
+            {"role": "user", "content": f"{q}\n{self.last_answer}"},
+        ]
+
+    def _act(self, agent, action):
+        if agent == "solver":
+            self.loops += 1
+            self.last_answer = action
+            invalid = "</answer>" not in action
+            return Transition(invalid, None if self.task.get("skip_verifier") else "verifier")
+        invalid = "</verify>" not in action
+        if "reject" in action and self.loops < self.max_loops:
+            return Transition(invalid, "solver")
+        return Transition(invalid, None)
+
+    def _outcome(self):
+        return Outcome(
+            float(str(self.task["answer"]) in self.last_answer), str(self.task["answer"]) in self.last_answer
+        )
+
+
+def make_script_env(**kw):
+    return wrap(ScriptEnv(**kw))
+
+
+class ScriptGenerator:
+    """Answers from a function of (request index in call, sampling seed); records every call's batch size.
+
+    ``reply(prompt_text, seed) -> str`` gives the completion text; ids are the tokenizer's encoding of it.
+    """
+
+    def __init__(self, tokenizer, reply, weight_version: int = 0):
+        self.tok = tokenizer
+        self.reply = reply
+        self.calls: list[int] = []
+        self.prompts: list[list[int]] = []
+        self.weight_version = weight_version
+
+    def generate(self, prompt_ids, sampling):
+        sps = sampling if isinstance(sampling, list | tuple) else [sampling] * len(prompt_ids)
+        self.calls.append(len(prompt_ids))
+        outs = []
+        for ids, sp in zip(prompt_ids, sps, strict=True):
+            self.prompts.append(list(ids))
+            text = self.reply(self.tok.decode(ids), sp)
+            cids = self.tok.encode(text, add_special_tokens=False)
+            outs.append(
+                GenerationOutput(
+                    completion_ids=cids,
+                    logprobs=[-0.5] * len(cids),
+                    finish_reason="stop",
+                    weight_version=self.weight_version,
+                )
+            )
+        return outs

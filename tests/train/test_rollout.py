@@ -1,0 +1,209 @@
+"""RolloutCollector: lock-step batching, one backend call per model group per tick, ids kept as generated."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from _train_fakes import ScriptGenerator, make_script_env  # noqa: E402
+
+from mas_train.backends.base import SamplingParams  # noqa: E402
+from mas_train.rollout import RolloutCollector, render_prompt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from mas_train.models import build_qwen_tokenizer
+
+    return build_qwen_tokenizer()
+
+
+TASKS = [
+    {"id": "t0", "question": "What is 6*7?", "answer": "42", "data_source": "toy"},
+    {"id": "t1", "question": "What is 3+4?", "answer": "7", "data_source": "toy2"},
+]
+
+
+def approve_all(text, sp):
+    if "Verify." in text:
+        return "<verify>approve</verify>"
+    return "<answer>42</answer>" if sp.seed % 2 == 0 else "<answer>7</answer>"
+
+
+def collector(tok, gens, groups, **kw):
+    return RolloutCollector(
+        make_script_env,
+        generators=gens,
+        tokenizers={g: tok for g in gens},
+        agent_groups=groups,
+        sampling={"solver": SamplingParams(max_new_tokens=8), "verifier": SamplingParams(max_new_tokens=8)},
+        **kw,
+    )
+
+
+def test_one_call_per_group_per_tick_shared(tok):
+    gen = ScriptGenerator(tok, approve_all)
+    col = collector(tok, {"shared": gen}, {"solver": "shared", "verifier": "shared"})
+    batch = col.collect(TASKS, 4, step=3)
+    # tick 1: the 8 solver turns together, tick 2: the 8 verifier turns together
+    assert gen.calls == [8, 8]
+    assert batch.ticks == 2 and batch.generate_calls == {"shared": 2}
+    assert len(batch.samples) == 16 and len(batch.trajectories) == 8
+    assert [t.task_uid for t in batch.trajectories] == ["0:t0"] * 4 + ["1:t1"] * 4
+    assert len({t.traj_uid for t in batch.trajectories}) == 8
+    for t in batch.trajectories:
+        assert t.turns_per_agent == {"solver": 1, "verifier": 1} and t.num_turns == 2
+    # the outcome is broadcast to every turn of its trajectory and matches the solver's answer
+    by_traj = {}
+    for s in batch.samples:
+        by_traj.setdefault(s.traj_uid, []).append(s)
+    for traj in batch.trajectories:
+        turns = by_traj[traj.traj_uid]
+        solver = next(s for s in turns if s.agent == "solver")
+        answer = "42" if traj.task_uid.endswith("t0") else "7"
+        expected = answer in tok.decode(solver.completion_ids)
+        assert traj.success == expected and traj.team_reward == float(expected)
+        assert all(s.team_reward == float(expected) and s.success == expected for s in turns)
+        assert [s.turn for s in turns] == [0, 1]
+        assert all(s.data_source == ("toy" if answer == "42" else "toy2") for s in turns)
+
+
+def test_one_call_per_group_per_tick_two_groups(tok):
+    a, b = ScriptGenerator(tok, approve_all), ScriptGenerator(tok, approve_all)
+    col = collector(tok, {"A": a, "B": b}, {"solver": "A", "verifier": "B"})
+    batch = col.collect(TASKS, 3)
+    assert a.calls == [6] and b.calls == [6]
+    assert {s.model_group for s in batch.samples if s.agent == "solver"} == {"A"}
+    assert {s.model_group for s in batch.samples if s.agent == "verifier"} == {"B"}
+
+
+def test_ids_are_kept_as_generated_not_retokenised(tok):
+    """The generator returns a non-canonical tokenisation (one token per character); re-encoding the decoded text
+    would give other ids, so equality proves the collector keeps the backend's ids."""
+
+    class CharGen(ScriptGenerator):
+        def generate(self, prompt_ids, sampling):
+            outs = super().generate(prompt_ids, sampling)
+            for o in outs:
+                text = self.tok.decode(o.completion_ids)
+                o.completion_ids = [self.tok.convert_tokens_to_ids(c) for c in text]
+                o.logprobs = [-float(i + 1) for i in range(len(o.completion_ids))]
+            return outs
+
+    gen = CharGen(
+        tok, lambda text, sp: "<verify>approve</verify>" if "Verify." in text else "<answer>42</answer>"
+    )
+    col = collector(tok, {"g": gen}, {"solver": "g", "verifier": "g"})
+    batch = col.collect(TASKS[:1], 1)
+    solver = batch.samples[0]
+    chars = [tok.convert_tokens_to_ids(c) for c in "<answer>42</answer>"]
+    assert solver.completion_ids == chars
+    assert solver.completion_ids != tok.encode("<answer>42</answer>", add_special_tokens=False)
+    assert solver.sampling_logprobs == [-float(i + 1) for i in range(len(chars))]
+    # prompt ids are the chat-template rendering of the env's messages
+    env = make_script_env()
+    env.reset(options={"task": TASKS[0]})
+    assert solver.prompt_ids == render_prompt(tok, env.infos["solver"]["messages"])
+    assert tok.decode(solver.prompt_ids).endswith("What is 6*7?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_stop_strings_and_seeds_per_request(tok):
+    seen = []
+
+    def reply(text, sp):
+        seen.append(sp)
+        return approve_all(text, sp)
+
+    col = collector(tok, {"g": ScriptGenerator(tok, reply)}, {"solver": "g", "verifier": "g"}, seed=5)
+    col.collect(TASKS, 2, step=1)
+    solver_sps, verifier_sps = seen[:4], seen[4:]
+    assert all(sp.stop == ("</answer>",) and sp.max_new_tokens == 8 for sp in solver_sps)
+    assert all(sp.stop == ("</verify>",) for sp in verifier_sps)
+    assert len({sp.seed for sp in seen}) == 8  # distinct per env and turn
+    # same step and seed -> same request seeds (a resumed run samples the same)
+    seen2 = []
+    col2 = collector(
+        tok,
+        {"g": ScriptGenerator(tok, lambda t, sp: seen2.append(sp) or approve_all(t, sp))},
+        {"solver": "g", "verifier": "g"},
+        seed=5,
+    )
+    col2.collect(TASKS, 2, step=1)
+    assert [sp.seed for sp in seen2] == [sp.seed for sp in seen]
+
+
+def test_lockstep_with_uneven_episode_lengths(tok):
+    """Verifiers reject on odd seeds: those envs need two more ticks, the others are done after two."""
+
+    def reply(text, sp):
+        if "Verify." in text:
+            return "<verify>reject</verify>" if sp.seed % 2 else "<verify>approve</verify>"
+        return "<answer>42</answer>"
+
+    gen = ScriptGenerator(tok, reply)
+    col = collector(tok, {"g": gen}, {"solver": "g", "verifier": "g"})
+    batch = col.collect(TASKS, 4)
+    n_reject = sum(1 for t in batch.trajectories if t.num_turns == 4)
+    assert 0 < n_reject < 8  # both kinds occur with these seeds
+    assert gen.calls == [8, 8, n_reject, n_reject]
+    for t in batch.trajectories:
+        turns = sorted((s.turn, s.agent) for s in batch.samples if s.traj_uid == t.traj_uid)
+        expect = [(0, "solver"), (1, "verifier")] + (
+            [(2, "solver"), (3, "verifier")] if t.num_turns == 4 else []
+        )
+        assert turns == expect
+
+
+def test_invalid_flag_and_score(tok):
+    gen = ScriptGenerator(tok, lambda t, sp: "<verify>approve</verify>" if "Verify." in t else "42 no tags")
+    batch = collector(tok, {"g": gen}, {"solver": "g", "verifier": "g"}).collect(TASKS[:1], 2)
+    solver = [s for s in batch.samples if s.agent == "solver"]
+    verifier = [s for s in batch.samples if s.agent == "verifier"]
+    assert all(s.invalid for s in solver) and not any(s.invalid for s in verifier)
+    # R = 1 (the answer text contains 42), c = 0.1
+    assert [s.score(0.1) for s in solver] == [pytest.approx(0.9)] * 2
+    assert [s.score(0.1) for s in verifier] == [1.0, 1.0]
+
+
+def test_agent_that_never_acts_has_no_samples(tok):
+    gen = ScriptGenerator(tok, approve_all)
+    tasks = [dict(TASKS[0], skip_verifier=True)]
+    batch = collector(tok, {"g": gen}, {"solver": "g", "verifier": "g"}).collect(tasks, 3)
+    assert gen.calls == [3]
+    assert {s.agent for s in batch.samples} == {"solver"}
+    assert all(t.turns_per_agent == {"solver": 1} for t in batch.trajectories)
+
+
+def test_prompt_over_the_cap_is_skipped_and_counted(tok):
+    gen = ScriptGenerator(tok, approve_all)
+    col = collector(tok, {"g": gen}, {"solver": "g", "verifier": "g"}, max_prompt_length=5)
+    batch = col.collect(TASKS[:1], 2)
+    assert gen.calls == []  # nothing reached the model
+    assert batch.samples == []
+    # each env: the solver's empty action is invalid, then the verifier's too, and the episode ends
+    assert batch.prompt_overflows == {"solver": 2, "verifier": 2}
+    assert all(t.num_turns == 2 and t.team_reward == 0.0 for t in batch.trajectories)
+
+
+def test_unknown_agent_group_is_rejected(tok):
+    with pytest.raises(ValueError, match="no generator"):
+        collector(tok, {"g": ScriptGenerator(tok, approve_all)}, {"solver": "g", "verifier": "missing"})
+
+
+def test_runaway_env_raises(tok):
+    gen = ScriptGenerator(
+        tok, lambda t, sp: "<verify>reject</verify>" if "Verify." in t else "<answer>1</answer>"
+    )
+    col = RolloutCollector(
+        lambda: make_script_env(max_loops=10_000),
+        {"g": gen},
+        {"g": tok},
+        {"solver": "g", "verifier": "g"},
+        {},
+        max_ticks=6,
+    )
+    with pytest.raises(RuntimeError, match="max_ticks"):
+        col.collect(TASKS[:1], 1)
