@@ -342,7 +342,8 @@ class TrainConfig:
         "Default sampling of every agent during training.", default_factory=SamplingConfig
     )
     max_prompt_length: int = _help(
-        "Longest prompt (tokens) an agent turn may have; longer prompts are truncated from the left.",
+        "Longest prompt (tokens) an agent turn may have; a longer one is not truncated: the turn is skipped as an "
+        "invalid (empty) action and counted in charts/prompt_overflow.",
         default=DEFAULT_MAX_PROMPT_LENGTH,
     )
     max_steps: int = _help("Number of training steps (TRL's name).", default=DEFAULT_MAX_STEPS)
