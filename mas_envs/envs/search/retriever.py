@@ -1,0 +1,100 @@
+"""The retrieval contract the search envs depend on (design.md §2).
+
+Kept free of faiss, torch and httpx so that ``import mas_envs`` stays light: the FAISS implementation
+(``retrieval_index.Retriever``) and the HTTP client (``retrieval_index.RemoteRetriever``) live in the
+``retrieval_index`` package and satisfy this protocol structurally.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["KeywordRetriever", "Passage", "Retriever", "format_passages"]
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrieved passage.
+
+    Attributes:
+        id: corpus id of the passage (a string, as in FlashRAG / Search-R1 corpora).
+        title: page title.
+        contents: FlashRAG ``contents`` field: ``'"<title>"\\n<text>'`` (title line, then the text).
+        score: inner product of the L2-normalised query and passage embeddings (cosine similarity,
+            in [-1, 1]); ``None`` when the source did not return scores.
+    """
+
+    id: str
+    title: str
+    contents: str
+    score: float | None = None
+
+    @property
+    def text(self) -> str:
+        """The passage body without its title line (``contents`` after the first newline)."""
+        head, sep, rest = self.contents.partition("\n")
+        return rest if sep else head
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Anything that maps queries to ranked passages.
+
+    ``search(queries, topk)`` returns one list per query, best first, at most ``topk`` passages each.
+    Implementations may raise any exception on failure; the search envs turn it into an error observation.
+    """
+
+    def search(self, queries: list[str], topk: int) -> list[list[Passage]]: ...
+
+
+def format_passages(passages: list[Passage]) -> str:
+    """Render passages the way Search-R1 does: ``Doc i(Title: <title>) <text>``, one per line.
+
+    Args:
+        passages: ranked passages for one query.
+
+    Returns:
+        The lines joined by newlines (no trailing newline); ``"No search results found."`` when empty.
+    """
+    if not passages:
+        return "No search results found."
+    return "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(passages, start=1))
+
+
+class KeywordRetriever:
+    """A tiny lexical retriever over an in-memory passage list, for tests, examples and golden episodes.
+
+    Score = number of distinct lower-cased word tokens shared by the query and ``title + contents``; ties keep
+    the list order; passages sharing no token are not returned. Plain data, so envs holding it pickle.
+
+    Args:
+        passages: the corpus.
+    """
+
+    def __init__(self, passages: Sequence[Passage]) -> None:
+        self.passages = list(passages)
+        self._tokens = [_words(p.title + " " + p.contents) for p in self.passages]
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        """Top-``topk`` passages per query by shared-token count (see the class docstring)."""
+        out = []
+        for query in queries:
+            q = _words(query)
+            scored = [(len(q & toks), i) for i, toks in enumerate(self._tokens)]
+            ranked = sorted((s for s in scored if s[0] > 0), key=lambda s: (-s[0], s[1]))[:topk]
+            out.append([_with_score(self.passages[i], float(n)) for n, i in ranked])
+        return out
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.lower()))
+
+
+def _with_score(p: Passage, score: float) -> Passage:
+    return Passage(p.id, p.title, p.contents, score)

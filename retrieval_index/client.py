@@ -1,0 +1,156 @@
+"""HTTP client for a Search-R1-compatible retrieval service (``POST /retrieve``).
+
+:class:`RemoteRetriever` implements the ``mas_envs.envs.search.Retriever`` protocol, so a search env can use
+a server started with ``mas-index serve`` (or Search-R1's own ``retrieval_server.py``) instead of an
+in-process index.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+
+from mas_envs.envs.search.retriever import Passage
+
+__all__ = ["RemoteRetriever", "RetrieverUnavailableError"]
+
+
+class RetrieverUnavailableError(RuntimeError):
+    """Every URL failed on every attempt (connection refused, timeout or 5xx)."""
+
+
+class RemoteRetriever:
+    """Search through one or more retrieval servers speaking the Search-R1 wire format.
+
+    Request: ``{"queries": [...], "topk": k, "return_scores": true}``;
+    response: ``{"result": [[{"document": {"id", "title"?, "contents"}, "score": s}, ...], ...]}``.
+
+    Args:
+        urls: one URL or several (``http://host:port/retrieve``; a bare ``http://host:port`` gets ``/retrieve``
+            appended). Calls start at the next URL in round-robin order, spreading load across servers.
+        timeout: seconds per HTTP attempt (connect + read).
+        max_retries: extra rounds after the first; each round tries every URL once. Total attempts =
+            ``(max_retries + 1) * len(urls)``.
+        backoff: seconds slept before retry round ``r`` is ``backoff * 2**(r-1)`` (exponential back-off).
+
+    Retries cover connection errors, timeouts and HTTP 5xx. A 4xx answer (e.g. a request over the server's
+    limits) is the caller's fault and is raised at once as ``ValueError`` with the server's message.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str] = "http://127.0.0.1:8000/retrieve",
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+    ) -> None:
+        import httpx
+
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if not urls:
+            raise ValueError("RemoteRetriever needs at least one URL")
+        self.urls = [u if u.rstrip("/").endswith("/retrieve") else u.rstrip("/") + "/retrieve" for u in urls]
+        if max_retries < 0 or timeout <= 0 or backoff < 0:
+            raise ValueError("need max_retries >= 0, timeout > 0 and backoff >= 0")
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self._httpx = httpx
+        self._client = httpx.Client(timeout=timeout)
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+
+    def search(self, queries: list[str], topk: int = 3) -> list[list[Passage]]:
+        """POST the queries and parse the ranked passages (see the class docstring for errors).
+
+        Raises:
+            RetrieverUnavailableError: all attempts on all URLs failed; the message lists the last error per URL.
+            ValueError: the server answered 4xx, or the response is not in the expected format.
+        """
+        if isinstance(queries, str):
+            raise TypeError("queries must be a list of strings, not a single string; wrap it: [query]")
+        queries = list(queries)
+        if not queries:
+            return []
+        payload = {"queries": queries, "topk": topk, "return_scores": True}
+        with self._lock:
+            first = next(self._next) % len(self.urls)
+        order = self.urls[first:] + self.urls[:first]
+        errors: dict[str, str] = {}
+        for round_ in range(self.max_retries + 1):
+            if round_:
+                time.sleep(self.backoff * 2 ** (round_ - 1))
+            for url in order:
+                try:
+                    response = self._client.post(url, json=payload)
+                except self._httpx.HTTPError as err:  # connect errors, timeouts, protocol errors
+                    errors[url] = f"{type(err).__name__}: {err}"
+                    continue
+                if response.status_code >= 500:
+                    errors[url] = f"HTTP {response.status_code}: {response.text[:200]}"
+                    continue
+                if response.status_code >= 400:
+                    raise ValueError(
+                        f"retrieval server {url} rejected the request: HTTP {response.status_code} {response.text[:500]}"
+                    )
+                return _parse(response.json(), len(queries))
+        attempts = (self.max_retries + 1) * len(self.urls)
+        detail = "; ".join(f"{u} -> {e}" for u, e in errors.items())
+        raise RetrieverUnavailableError(
+            f"retrieval failed after {attempts} attempts over {len(self.urls)} URL(s): {detail}. "
+            "Is the server running? Start one with `mas-index serve --index DIR`."
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    # The HTTP connection pool cannot be pickled; a copy (e.g. an env sent to a Ray worker) opens its own.
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_httpx", "_next", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        import httpx
+
+        self.__dict__.update(state)
+        self._httpx = httpx
+        self._client = httpx.Client(timeout=self.timeout)
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> RemoteRetriever:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _parse(body: dict, num_queries: int) -> list[list[Passage]]:
+    try:
+        result = body["result"]
+        if len(result) != num_queries:
+            raise ValueError(f"expected {num_queries} result lists, got {len(result)}")
+        out = []
+        for hits in result:
+            passages = []
+            for hit in hits:
+                # With return_scores=false Search-R1 returns bare documents instead of {"document", "score"}.
+                doc, score = (hit["document"], hit.get("score")) if "document" in hit else (hit, None)
+                contents = doc["contents"]
+                title = doc.get("title") or contents.partition("\n")[0].strip().strip('"')
+                passages.append(
+                    Passage(
+                        id=str(doc.get("id", "")),
+                        title=title,
+                        contents=contents,
+                        score=None if score is None else float(score),
+                    )
+                )
+            out.append(passages)
+        return out
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(
+            f"retrieval server answered in an unexpected format: {err!r}; body starts {str(body)[:200]}"
+        ) from err
