@@ -1,0 +1,450 @@
+"""Text AEC base class: the PettingZoo bookkeeping every `mas_envs` environment shares.
+
+A `TextAECEnv` is a PettingZoo `AECEnv` whose observations are prompt strings and whose actions are the raw
+text an agent (an LLM) produced. The base class does all the bookkeeping that is easy to get wrong, so an
+environment only describes its task logic.
+
+What the base class does
+------------------------
+* `reset(seed, options)`: picks the task from `options["task"]` (a row dict), `options["task_index"]`
+  (an index into the env's own task list) or the seed (a fresh `numpy.random.Generator`, never the global
+  RNG; no seed continues the env's own generator, as in Gymnasium). Unknown option keys are ignored.
+* `step(action)`: dead steps (`None` for a terminated/truncated agent, PettingZoo's `_was_dead_step`),
+  `rewards` / `_cumulative_rewards`, the invalid-action penalty `-c` to the acting agent, the team reward
+  `R` to every agent when the episode ends, `terminations` (the env's logic ended the episode) and
+  `truncations` (the `max_turns` cap), the global turn counter, and `infos`.
+* `infos[agent]` always holds `messages` (that agent's prompt as chat messages), `turn` (0-based index of the
+  next turn, global across agents), `task_id` and `invalid_action` (whether the agent's last action was
+  malformed). When the episode ends every agent also gets `team_reward` (R, no penalties) and `success`.
+* One cached `UnicodeText` space per agent for observations and actions: any Unicode string, empty allowed.
+* `render()` with `render_mode="ansi"` returns the transcript; `state()` returns it too.
+* Pickling: envs hold only plain data, so `pickle.dumps(env)` works at any point (tested after reset).
+
+Writing an environment: the subclass hooks
+------------------------------------------
+A subclass sets these class attributes:
+
+* `metadata = {"name": "my_env_v0", "render_modes": ["ansi"], "is_parallelizable": False}`
+* `possible_agents: tuple[str, ...]`, e.g. `("solver", "verifier")`.
+* `stop_strings: dict[str, tuple[str, ...]]`: per agent, strings after which generation must stop.
+* `default_invalid_action_penalty: float` (the coefficient c; the `invalid_action_penalty=` kwarg overrides).
+* `default_tasks: str | None`: a bundled data set name or a path, loaded lazily on the first reset that needs
+  the env's own task list (see `mas_envs.data.load_tasks`).
+* optionally `fuzz_fragments: dict[str, tuple[str, ...]]`: strings (tags) that the action space's `sample()`
+  mixes into random text, so random-action tests reach the valid branches too.
+
+and implements these methods (all called by the base class; none of them touches rewards or dones):
+
+* `_start(self, task: dict) -> str`: set up episode state for `task` and return the first agent to act.
+* `_prompt(self, agent: str) -> list[dict[str, str]]`: that agent's prompt now, as chat messages.
+* `_act(self, agent: str, action: str) -> Transition`: parse the action, update the episode state and say
+  whether it was invalid and who acts next (`next_agent=None` ends the episode). It must not raise on any str.
+* `_outcome(self) -> Outcome`: the team reward R and success, called once when the episode ends.
+* optionally `_note(text)` (call it to add an env message, such as retrieved passages, to the transcript) and
+  the classmethod `golden_episodes()` returning `GoldenEpisode`s that `mas_envs.testing.check_env` replays.
+
+Then give the module an `env(**kwargs)` function (`wrap(MyEnv(**kwargs))`) and register it (see
+`mas_envs.registration`). `examples/custom_env.py` is a complete 40-line example.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import AECEnv
+from pettingzoo.utils.wrappers import OrderEnforcingWrapper
+
+__all__ = [
+    "GoldenEpisode",
+    "Outcome",
+    "TextAECEnv",
+    "Transition",
+    "UnicodeText",
+    "messages_to_text",
+    "wrap",
+]
+
+# Characters `UnicodeText.sample` draws from: printable ASCII plus a few non-ASCII letters, CJK, an emoji and
+# a combining mark, because real model output contains all of these and parsers must survive them.
+_SAMPLE_CHARSET = string.printable + "éüßЖжλπ∑√≤≥×÷中文数学答案😀\u0301\u00a0"
+# Large enough for any real prompt or completion; a text longer than this is outside the space.
+MAX_TEXT_CHARS = 1 << 22
+
+
+class UnicodeText(spaces.Text):
+    """The space of all Python strings of at most `max_length` characters (any Unicode, `""` included).
+
+    Gymnasium's `Text` only holds strings over a fixed charset and, by default, rejects `""`; model output
+    needs neither restriction, so `contains` only checks the type and the length. `sample()` returns short
+    random strings built from random characters and the given `fragments` (e.g. `"<verify>"`), which makes
+    PettingZoo's `api_test` a fuzzer that also reaches the valid branches of a text parser.
+
+    Args:
+        max_length: longest string in the space, in characters.
+        fragments: strings that `sample()` splices into its random text.
+        seed: seed for `sample()`.
+    """
+
+    def __init__(
+        self,
+        max_length: int = MAX_TEXT_CHARS,
+        *,
+        fragments: Sequence[str] = (),
+        seed: int | np.random.Generator | None = None,
+    ) -> None:
+        super().__init__(max_length, min_length=0, charset=_SAMPLE_CHARSET, seed=seed)
+        self.fragments: tuple[str, ...] = tuple(fragments)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """Return a random string of up to 12 pieces, each a fragment or a run of 0–8 random characters.
+
+        `mask` and `probability` are not supported (text has no action mask) and must be `None`.
+        """
+        if mask is not None or probability is not None:
+            raise ValueError("UnicodeText.sample() takes no mask or probability; call sample() without them")
+        rng = self.np_random
+        pieces = []
+        for _ in range(int(rng.integers(0, 13))):
+            if self.fragments and rng.random() < 0.5:
+                pieces.append(self.fragments[int(rng.integers(len(self.fragments)))])
+            else:
+                chars = rng.choice(self.character_list, size=int(rng.integers(0, 9)))
+                pieces.append("".join(chars))
+        return "".join(pieces)[: self.max_length]
+
+    def __eq__(self, other: object, /) -> bool:
+        return (
+            isinstance(other, UnicodeText)
+            and self.max_length == other.max_length
+            and self.fragments == other.fragments
+        )
+
+    def __hash__(self) -> int:
+        return hash((UnicodeText, self.max_length, self.fragments))
+
+    def __repr__(self) -> str:
+        return f"UnicodeText(max_length={self.max_length}, fragments={len(self.fragments)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What an agent's action did, as returned by `TextAECEnv._act`.
+
+    Attributes:
+        invalid: the action was malformed (the acting agent gets the penalty `-c`).
+        next_agent: who acts next; `None` ends the episode (all agents terminate).
+    """
+
+    invalid: bool
+    next_agent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The end-of-episode result, as returned by `TextAECEnv._outcome`.
+
+    Attributes:
+        team_reward: R, given to every agent (the paper's shared outcome reward; penalties not included).
+        success: whether the task was solved (counts for avg@k / pass@k).
+    """
+
+    team_reward: float
+    success: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptEntry:
+    """One line of the episode transcript: an agent's action or an env message (`speaker == "env"`)."""
+
+    turn: int
+    speaker: str
+    text: str
+    invalid: bool = False
+
+
+@dataclass(frozen=True)
+class GoldenEpisode:
+    """A scripted episode with exact expected results, replayed by `mas_envs.testing.check_env`.
+
+    Attributes:
+        name: short description, used in failure messages.
+        task: the task row passed as `reset(options={"task": task})`.
+        actions: the text actions, in the order the env asks for them (dead steps are not listed).
+        agents: the agent expected to act at each of those turns (same length as `actions`).
+        returns: each agent's expected episode return (sum of all its rewards, penalties included).
+        team_reward: expected `infos[a]["team_reward"]` at the end.
+        success: expected `infos[a]["success"]` at the end.
+        env_kwargs: constructor kwargs for this episode (e.g. a stub retriever).
+        truncated: whether the episode is expected to end by truncation instead of termination.
+    """
+
+    name: str
+    task: dict[str, Any]
+    actions: tuple[str, ...]
+    agents: tuple[str, ...]
+    returns: dict[str, float]
+    team_reward: float
+    success: bool
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False
+
+
+def messages_to_text(messages: Sequence[Mapping[str, str]]) -> str:
+    """Join chat messages into one prompt string (contents separated by a blank line, no role markers)."""
+    return "\n\n".join(m["content"] for m in messages)
+
+
+def task_id_of(task: Mapping[str, Any]) -> str:
+    """The task's `id` field as a string, else a stable hash of its data source and question."""
+    if task.get("id") is not None:
+        return str(task["id"])
+    key = f"{task.get('data_source', '')}\x00{task.get('question', '')}"
+    return hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def wrap(env: TextAECEnv) -> OrderEnforcingWrapper:
+    """Add PettingZoo's `OrderEnforcingWrapper` (errors on use before `reset`, on a missing `step`)."""
+    return OrderEnforcingWrapper(env)
+
+
+class TextAECEnv(AECEnv[str, str, str]):
+    """Base class for text environments with turn order decided at run time (see the module docstring).
+
+    Args:
+        tasks: the env's own task list for `reset(seed=...)` / `options={"task_index": i}`: a sequence of row
+            dicts, or a bundled set name / file path / hub id for `mas_envs.data.load_tasks`. Default:
+            the class's `default_tasks`, loaded on first use.
+        invalid_action_penalty: the coefficient c (default: the class's `default_invalid_action_penalty`).
+        max_turns: turn cap; reaching it truncates every agent. `None` leaves the episode length to the env.
+        render_mode: `None` or `"ansi"`.
+
+    Raises:
+        ValueError: on a negative penalty, a `max_turns` below 1 or an unknown render mode.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "text_aec_v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": False,
+    }
+    possible_agents: tuple[str, ...] = ()
+    stop_strings: ClassVar[dict[str, tuple[str, ...]]] = {}
+    fuzz_fragments: ClassVar[dict[str, tuple[str, ...]]] = {}
+    default_invalid_action_penalty: ClassVar[float] = 0.1
+    default_tasks: ClassVar[str | None] = None
+
+    # --- hooks a subclass implements -------------------------------------------------------------------
+    def _start(self, task: dict[str, Any]) -> str:
+        """Set up the episode for `task`; return the first agent to act."""
+        raise NotImplementedError
+
+    def _prompt(self, agent: str) -> list[dict[str, str]]:
+        """That agent's prompt in the current state, as chat messages."""
+        raise NotImplementedError
+
+    def _act(self, agent: str, action: str) -> Transition:
+        """Apply `agent`'s text action; must not raise on any string."""
+        raise NotImplementedError
+
+    def _outcome(self) -> Outcome:
+        """Team reward and success of the finished episode."""
+        raise NotImplementedError
+
+    @classmethod
+    def golden_episodes(cls) -> list[GoldenEpisode]:
+        """Scripted episodes with exact expected results for `mas_envs.testing.check_env` (default: none)."""
+        return []
+
+    # --- PettingZoo API ----------------------------------------------------------------------------------
+    def __init__(
+        self,
+        *,
+        tasks: Sequence[Mapping[str, Any]] | str | None = None,
+        invalid_action_penalty: float | None = None,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not self.possible_agents:
+            raise TypeError(f"{type(self).__name__} must set the class attribute possible_agents")
+        self.possible_agents = list(self.possible_agents)
+        c = self.default_invalid_action_penalty if invalid_action_penalty is None else invalid_action_penalty
+        if not c >= 0:
+            raise ValueError(f"invalid_action_penalty must be >= 0, got {c!r}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 or None, got {max_turns!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode={render_mode!r} is not supported; use one of {self.metadata['render_modes']}"
+            )
+        self.invalid_action_penalty = float(c)
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.stop_strings = {a: tuple(self.stop_strings.get(a, ())) for a in self.possible_agents}
+        self._task_source = tasks if tasks is not None else self.default_tasks
+        self._tasks: list[dict[str, Any]] | None = (
+            [dict(t) for t in tasks] if tasks is not None and not isinstance(tasks, str) else None
+        )
+        self._observation_spaces = {a: UnicodeText() for a in self.possible_agents}
+        self._action_spaces = {
+            a: UnicodeText(fragments=self.fuzz_fragments.get(a, ()) + self.stop_strings.get(a, ()))
+            for a in self.possible_agents
+        }
+        self.np_random = np.random.default_rng()
+        self.agents: list[str] = []
+        self.task: dict[str, Any] | None = None
+        self.task_id = ""
+        self.turn = 0
+        self.transcript: list[TranscriptEntry] = []
+
+    def observation_space(self, agent: str) -> UnicodeText:
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> UnicodeText:
+        return self._action_spaces[agent]
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """The env's own task list (loaded on first access when given by name or path)."""
+        if self._tasks is None:
+            if self._task_source is None:
+                raise ValueError(
+                    f"{type(self).__name__} has no task list: pass tasks=... to the constructor or "
+                    'reset(options={"task": {...}})'
+                )
+            from mas_envs.data import load_tasks
+
+            self._tasks = load_tasks(self._task_source)
+        return self._tasks
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Start an episode; see the module docstring for how the task is chosen.
+
+        Raises:
+            ValueError: `options["task"]` is not a mapping, or lacks `question`.
+            IndexError: `options["task_index"]` is out of range.
+        """
+        if seed is not None:
+            self.np_random = np.random.default_rng(seed)
+        options = options or {}
+        if options.get("task") is not None:
+            task = options["task"]
+            if not isinstance(task, Mapping) or "question" not in task:
+                raise ValueError(
+                    f'options["task"] must be a dict with at least a "question" key, got {task!r}'
+                )
+            task = dict(task)
+        elif options.get("task_index") is not None:
+            i = options["task_index"]
+            if not -len(self.tasks) <= i < len(self.tasks):
+                raise IndexError(f"task_index {i} out of range for {len(self.tasks)} tasks")
+            task = dict(self.tasks[i])
+        else:
+            task = dict(self.tasks[int(self.np_random.integers(len(self.tasks)))])
+        self.task = task
+        self.task_id = task_id_of(task)
+        self.turn = 0
+        self.transcript = []
+        self.agents = list(self.possible_agents)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos = {a: {"invalid_action": False} for a in self.agents}
+        self._skip_agent_selection = None
+        first = self._start(task)
+        self._check_agent(first)
+        self.agent_selection = first
+        self._refresh_infos()
+
+    def observe(self, agent: str) -> str:
+        """The agent's full prompt (its chat messages joined by `messages_to_text`)."""
+        return messages_to_text(self._prompt(agent))
+
+    def step(self, action: str | None) -> None:
+        """Apply the selected agent's text action (`None` only for a terminated or truncated agent).
+
+        Raises:
+            ValueError: `action` is not `None` for a dead agent (PettingZoo's rule).
+            TypeError: `action` is not a `str` for a live agent.
+        """
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        if not isinstance(action, str):
+            raise TypeError(
+                f"{agent!r} is live, so its action must be a str (the model's text), got {type(action).__name__}"
+            )
+        self._cumulative_rewards[agent] = 0.0
+        self._clear_rewards()
+        transition = self._act(agent, action)
+        self.transcript.append(TranscriptEntry(self.turn, agent, action, transition.invalid))
+        self.infos[agent]["invalid_action"] = bool(transition.invalid)
+        if transition.invalid:
+            self.rewards[agent] -= self.invalid_action_penalty
+        self.turn += 1
+        if transition.next_agent is None or (self.max_turns is not None and self.turn >= self.max_turns):
+            done = self.terminations if transition.next_agent is None else self.truncations
+            outcome = self._outcome()
+            for a in self.agents:
+                done[a] = True
+                self.rewards[a] += float(outcome.team_reward)
+                self.infos[a]["team_reward"] = float(outcome.team_reward)
+                self.infos[a]["success"] = bool(outcome.success)
+        else:
+            self._check_agent(transition.next_agent)
+            self.agent_selection = transition.next_agent
+        self._refresh_infos()
+        self._accumulate_rewards()
+
+    def render(self) -> str | None:
+        """The transcript as text when `render_mode == "ansi"`; `None` (with no output) otherwise."""
+        if self.render_mode == "ansi":
+            return self.state()
+        return None
+
+    def state(self) -> str:
+        """The whole episode so far as a readable transcript."""
+        lines = [f"=== {self.metadata['name']} | task {self.task_id} ==="]
+        if self.task is not None:
+            lines.append(f"Question: {self.task.get('question', '')}")
+        for e in self.transcript:
+            flag = " (invalid)" if e.invalid else ""
+            lines.append(f"--- turn {e.turn} | {e.speaker}{flag} ---")
+            lines.append(e.text)
+        if self.agents and all(self.terminations[a] or self.truncations[a] for a in self.agents):
+            info = self.infos[self.agents[0]]
+            how = "terminated" if any(self.terminations.values()) else "truncated"
+            lines.append(f"=== {how}: team reward {info['team_reward']:g}, success {info['success']} ===")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Nothing to release (envs hold no sockets or files)."""
+
+    # --- helpers for subclasses ---------------------------------------------------------------------------
+    def _note(self, text: str) -> None:
+        """Add an env message (e.g. retrieved passages) to the transcript at the current turn."""
+        self.transcript.append(TranscriptEntry(self.turn, "env", text))
+
+    def _check_agent(self, agent: str) -> None:
+        if agent not in self.possible_agents:
+            raise RuntimeError(
+                f"{type(self).__name__} routed to unknown agent {agent!r}; possible agents: {self.possible_agents}"
+            )
+
+    def _refresh_infos(self) -> None:
+        for a in self.agents:
+            info = self.infos[a]
+            info["messages"] = self._prompt(a)
+            info["turn"] = self.turn
+            info["task_id"] = self.task_id

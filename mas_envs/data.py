@@ -1,0 +1,185 @@
+"""Task loaders: bundled sets by name, JSONL / parquet files and hub ids, mapped to the task-row schema.
+
+A task row is a dict with at least `question` (str), `answer` (str, the gold answer) or `golden_answers`
+(list of str, for QA), `data_source` (str, used to report avg@k / pass@k per source) and `id` (str, unique
+within the source). The other columns of the source row are kept.
+
+Bundled sets (real data, shipped gzip'd inside the package with their licences in `mas_envs/data/NOTICE.md`):
+
+| name | rows | source | licence |
+|---|---:|---|---|
+| `gsm8k-train` | 7473 | GSM8K train (openai/grade-school-math) | MIT |
+| `gsm8k-test` | 1319 | GSM8K test | MIT |
+| `math-train` | 7498 | MATH train (hendrycks/math); 2 rows with an empty gold answer dropped | MIT |
+| `math500` | 500 | MATH-500 (PRM800K test subset of MATH) | MIT |
+
+Sets whose licence is unclear (AIME, AMC) are not bundled: load them from a path you give.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUNDLED", "BundledSet", "load_tasks", "normalize_rows"]
+
+_QUESTION_FIELDS = ("question", "problem", "query", "prompt")
+# "final_answer" before "answer": in GSM8K-style rows `answer` is the worked solution, not the gold.
+_ANSWER_FIELDS = ("final_answer", "answer")
+
+
+@dataclass(frozen=True)
+class BundledSet:
+    """A data set shipped inside the package.
+
+    Attributes:
+        file: file name under `mas_envs/data/`.
+        data_source: the `data_source` value of its rows.
+        fields: `{our field: source column}`.
+        id_field: source column holding a unique id, or `None` to use `"<data_source>/<split>/<row index>"`.
+        split: split name used in generated ids.
+    """
+
+    file: str
+    data_source: str
+    fields: Mapping[str, str]
+    id_field: str | None
+    split: str
+
+
+BUNDLED: dict[str, BundledSet] = {
+    "gsm8k-train": BundledSet("gsm8k_train.jsonl.gz", "gsm8k", {"answer": "final_answer"}, None, "train"),
+    "gsm8k-test": BundledSet("gsm8k_test.jsonl.gz", "gsm8k", {"answer": "final_answer"}, None, "test"),
+    "math-train": BundledSet("math_train.jsonl.gz", "math", {"question": "problem"}, "unique_id", "train"),
+    "math500": BundledSet("math500_test.jsonl.gz", "math500", {"question": "problem"}, "unique_id", "test"),
+}
+
+
+def _bundled_path(name: str) -> Path:
+    return Path(str(resources.files("mas_envs") / "data" / BUNDLED[name].file))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def normalize_rows(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    fields: Mapping[str, str] | None = None,
+    data_source: str | None = None,
+    id_prefix: str | None = None,
+    id_field: str | None = None,
+    drop_empty_answers: bool = False,
+) -> list[dict[str, Any]]:
+    """Map source rows to task rows (`question`, `answer` or `golden_answers`, `data_source`, `id`).
+
+    Args:
+        rows: source rows.
+        fields: `{our field: source column}`, e.g. `{"question": "problem", "answer": "final_answer"}`.
+            Unmapped fields are found by name: question from `question`/`problem`/`query`/`prompt`, answer
+            from `final_answer`/`answer` (a row with only `golden_answers` keeps that list instead).
+        data_source: the rows' `data_source` (default: each row's own `data_source` column, else
+            `id_prefix`, else `"unknown"`).
+        id_prefix: generated ids are `f"{id_prefix}/{row index}"` when a row has no id.
+        id_field: source column holding the id (default: `id` when present).
+        drop_empty_answers: skip rows whose gold answer is empty.
+
+    Raises:
+        KeyError: a row has no question or no gold answer field (the message names the columns it has).
+    """
+    fields = dict(fields or {})
+    out = []
+    for i, row in enumerate(rows):
+        q_col = fields.get("question") or next((f for f in _QUESTION_FIELDS if f in row), None)
+        a_col = fields.get("answer") or next((f for f in _ANSWER_FIELDS if f in row), None)
+        if q_col is None or q_col not in row:
+            raise KeyError(
+                f"row {i} has no question field (columns: {sorted(row)}); pass fields={{'question': '<column>'}}"
+            )
+        task = {k: v for k, v in row.items() if k not in (q_col, a_col)}
+        if a_col is not None and a_col in row:
+            if "answer" in task and a_col != "answer":
+                # the source's own `answer` column (e.g. GSM8K's worked solution) is kept under another name
+                task["solution" if "solution" not in task else "source_answer"] = task.pop("answer")
+            task["answer"] = row[a_col]
+        elif "golden_answers" not in row:
+            raise KeyError(
+                f"row {i} has no gold answer field (columns: {sorted(row)}); pass fields={{'answer': '<column>'}}"
+            )
+        task["question"] = row[q_col]
+        task["data_source"] = data_source or row.get("data_source") or id_prefix or "unknown"
+        id_col = id_field or ("id" if "id" in row else None)
+        if id_col is not None and row.get(id_col) is not None:
+            task["id"] = str(row[id_col])
+        else:
+            task["id"] = f"{id_prefix or task['data_source']}/{i}"
+        if drop_empty_answers and "answer" in task and str(task["answer"]).strip() == "":
+            continue
+        out.append(task)
+    return out
+
+
+def load_tasks(
+    source: str | Path,
+    *,
+    split: str = "train",
+    fields: Mapping[str, str] | None = None,
+    data_source: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Load task rows from a bundled set name, a local file (JSONL, JSON, parquet, .gz) or a hub id.
+
+    Local files and hub ids go through `datasets.load_dataset` (imported here, not at `import mas_envs`);
+    hub ids need network access unless already cached. Bundled sets are read directly (fast, no cache).
+
+    Args:
+        source: a name in `BUNDLED`, a file path, or a Hugging Face hub id.
+        split: split to load for hub ids (files have a single split).
+        fields: `{our field: source column}` mapping (see `normalize_rows`).
+        data_source: `data_source` of the rows (default: bundled name / file stem / hub id).
+        limit: keep only the first `limit` rows.
+
+    Returns:
+        A list of task row dicts.
+
+    Raises:
+        FileNotFoundError: `source` looks like a path (has a suffix or a separator) but does not exist.
+        KeyError: rows lack a question or answer field.
+    """
+    source = str(source)
+    if source in BUNDLED:
+        b = BUNDLED[source]
+        rows = _read_jsonl(_bundled_path(source))
+        tasks = normalize_rows(
+            rows,
+            fields={**b.fields, **(fields or {})},
+            data_source=data_source or b.data_source,
+            id_prefix=f"{b.data_source}/{b.split}",
+            id_field=b.id_field,
+            drop_empty_answers=True,
+        )
+        return tasks[:limit] if limit is not None else tasks
+    path = Path(source).expanduser()
+    import datasets  # heavy (pyarrow, pandas): imported only when a file or hub id is loaded
+
+    if path.exists():
+        suffixes = [s for s in path.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
+        builder = "parquet" if suffixes and suffixes[-1] == ".parquet" else "json"
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+        name = path.name.split(".")[0]
+    elif path.suffix or "\\" in source or source.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"no such data file: {path} (bundled sets: {sorted(BUNDLED)})")
+    else:
+        ds = datasets.load_dataset(source, split=split)
+        name = source
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    return normalize_rows(list(ds), fields=fields, data_source=data_source or name, id_prefix=name)

@@ -1,0 +1,10 @@
+"""The built-in envs: one flat list of `register(...)` calls (entry points are imported only at `make`).
+
+Versions: bump `-vN` whenever an env's prompts, parsing, reward or turn order change.
+"""
+
+from mas_envs.registration import register
+
+# Math: solver <-> verifier loop, and the solver-alone baseline.
+register("math-2agent-v0", entry_point="mas_envs.envs.math.math_2agent:env")
+register("math-1agent-v0", entry_point="mas_envs.envs.math.math_1agent:env")

@@ -1,0 +1,182 @@
+r"""# Math, two agents (`mas/math-2agent-v0`)
+
+A solver and a verifier solve a math problem together (the Dr. MAS math setting).
+
+| | |
+|---|---|
+| Creation | `mas_envs.make("math-2agent")` |
+| Agents | `solver`, `verifier` |
+| Turn order | solver → verifier → (on reject) solver → ... ; at most `max_loops` solver turns, and no verifier turn follows the last one, so with `max_loops=2` an episode is *solver, verifier(approve)* or *solver, verifier(reject), solver* (at most `2·max_loops − 1` turns) |
+| Observation | the agent's prompt (`str`): the problem, the team history (every earlier solver attempt and verifier review) and its role; `infos[agent]["messages"]` holds it as chat messages |
+| Action | any `str`. Solver: valid when a balanced `\boxed{...}` stands after its last `</think>`. Verifier: valid when it contains `<verify>approve</verify>` or `<verify>reject</verify>` (case and spaces inside the tag ignored; the last verdict counts) |
+| Reward | team reward R = 1 if the last solver answer is correct (`mas_envs.rewards.grade_math`), else 0, to both agents at the end; an invalid action gets `-c` on that turn (default c = 0.1) |
+| Termination | verifier approves, or the solver used its `max_loops` turns |
+| Truncation | never |
+| Stop strings | verifier: `</verify>`; solver: none |
+| Default tasks | `gsm8k-train` (bundled) |
+
+## A missing verdict
+A verifier reply with no verdict tag is an invalid action (penalised with `-c`) and is routed as **reject**:
+the solver gets another turn while it has turns left. A verifier that did not finish its review has not
+vouched for the answer, and re-checking costs one solver turn at most. The reference implementation treats a
+missing verdict as approve; pass `missing_verdict="approve"` to reproduce it.
+
+## Arguments
+`max_loops` (most solver turns, default 2), `missing_verdict` (`"reject"` or `"approve"`, default
+`"reject"`), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty`
+(c, default 0.1), `render_mode` (`None` or `"ansi"`).
+
+## Version history
+* v0: initial release.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
+from mas_envs.envs.math import prompts
+from mas_envs.envs.math.math_1agent import MATH_FUZZ, gold_of, gsm8k_golden_task, solver_action_is_valid
+from mas_envs.rewards.math import grade_math
+
+__all__ = ["MathTwoAgentEnv", "env", "parse_verdict", "raw_env"]
+
+_VERDICT_RE = re.compile(r"<verify>\s*(approve|reject)\s*</verify>", re.IGNORECASE)
+
+
+def parse_verdict(text: str) -> str | None:
+    """`"approve"`, `"reject"` (the last `<verify>...</verify>` verdict in `text`) or `None` when there is none."""
+    verdicts = _VERDICT_RE.findall(text)
+    return verdicts[-1].lower() if verdicts else None
+
+
+class MathTwoAgentEnv(TextAECEnv):
+    """Solver ↔ verifier loop on a math problem (see the module docstring).
+
+    Args:
+        max_loops: most solver turns (>= 1).
+        missing_verdict: routing of a verifier reply without a verdict: `"reject"` or `"approve"`.
+        **kwargs: `TextAECEnv` arguments (`tasks`, `invalid_action_penalty`, `render_mode`).
+
+    Raises:
+        ValueError: `max_loops < 1` or an unknown `missing_verdict`.
+    """
+
+    metadata = {"name": "math-2agent-v0", "render_modes": ["ansi"], "is_parallelizable": False}
+    possible_agents = ("solver", "verifier")
+    stop_strings = {"solver": (), "verifier": ("</verify>",)}
+    fuzz_fragments = {
+        "solver": MATH_FUZZ,
+        "verifier": (
+            "<verify>",
+            "</verify>",
+            "approve",
+            "reject",
+            "<verify>approve</verify>",
+            "<verify>reject</verify>",
+        ),
+    }
+    default_tasks = "gsm8k-train"
+
+    def __init__(self, *, max_loops: int = 2, missing_verdict: str = "reject", **kwargs: Any) -> None:
+        if not isinstance(max_loops, int) or max_loops < 1:
+            raise ValueError(f"max_loops must be an int >= 1, got {max_loops!r}")
+        if missing_verdict not in ("reject", "approve"):
+            raise ValueError(f'missing_verdict must be "reject" or "approve", got {missing_verdict!r}')
+        super().__init__(**kwargs)
+        self.max_loops = max_loops
+        self.missing_verdict = missing_verdict
+
+    def _start(self, task: dict[str, Any]) -> str:
+        self.history: list[tuple[str, str]] = []  # (agent, text) of every turn so far
+        self.solver_turns = 0
+        self.last_solution: str | None = None
+        return "solver"
+
+    def _prompt(self, agent: str) -> list[dict[str, str]]:
+        parts = [prompts.PROBLEM.format(question=self.task["question"])]
+        if self.history:
+            entries, n = [prompts.HISTORY_HEADER], {"solver": 0, "verifier": 0}
+            for who, text in self.history:
+                n[who] += 1
+                entry = prompts.SOLVER_ENTRY if who == "solver" else prompts.VERIFIER_ENTRY
+                entries.append(entry.format(n=n[who], text=text))
+            parts.append("\n\n".join(entries))
+        if agent == "solver":
+            system, task = prompts.SOLVER_SYSTEM_2AGENT, prompts.SOLVER_TASK.format()
+        else:
+            system, task = prompts.VERIFIER_SYSTEM, prompts.VERIFIER_TASK
+        parts.append(task)
+        return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+    def _act(self, agent: str, action: str) -> Transition:
+        self.history.append((agent, action))
+        if agent == "solver":
+            self.solver_turns += 1
+            self.last_solution = action
+            done = self.solver_turns >= self.max_loops
+            return Transition(
+                invalid=not solver_action_is_valid(action), next_agent=None if done else "verifier"
+            )
+        verdict = parse_verdict(action)
+        routed = verdict or self.missing_verdict
+        return Transition(invalid=verdict is None, next_agent=None if routed == "approve" else "solver")
+
+    def _outcome(self) -> Outcome:
+        correct = self.last_solution is not None and grade_math(self.last_solution, gold_of(self.task))
+        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct))
+
+    @classmethod
+    def golden_episodes(cls) -> list[GoldenEpisode]:
+        task = gsm8k_golden_task()  # a real GSM8K test problem; gold answer 18
+        right = f"16 - 3 - 4 = 9 eggs, sold at $2 each: \\boxed{{{task['answer']}}}"
+        wrong = "16 - 3 = 13 eggs, sold at $2 each: \\boxed{26}"
+        approve, reject = (
+            "All steps check out. <verify>approve</verify>",
+            "She also bakes 4. <verify>reject</verify>",
+        )
+        s, v = "solver", "verifier"
+        return [
+            GoldenEpisode("right, approve", task, (right, approve), (s, v), {s: 1.0, v: 1.0}, 1.0, True),
+            GoldenEpisode(
+                "wrong, reject, right", task, (wrong, reject, right), (s, v, s), {s: 1.0, v: 1.0}, 1.0, True
+            ),
+            GoldenEpisode(
+                "no box, approve", task, ("It is 18.", approve), (s, v), {s: -0.1, v: 0.0}, 0.0, False
+            ),
+            GoldenEpisode(
+                "wrong, reject, wrong", task, (wrong, reject, wrong), (s, v, s), {s: 0.0, v: 0.0}, 0.0, False
+            ),
+            GoldenEpisode("wrong, approve", task, (wrong, approve), (s, v), {s: 0.0, v: 0.0}, 0.0, False),
+            GoldenEpisode(
+                "right, no verdict (routed as reject), right",
+                task,
+                (right, "Looks fine to me.", right),
+                (s, v, s),
+                {s: 1.0, v: 0.9},
+                1.0,
+                True,
+            ),
+            GoldenEpisode(
+                "right, no verdict routed as approve (reference behaviour)",
+                task,
+                (right, "Looks fine to me."),
+                (s, v),
+                {s: 1.0, v: 0.9},
+                1.0,
+                True,
+                env_kwargs={"missing_verdict": "approve"},
+            ),
+            GoldenEpisode(
+                "one loop: wrong", task, (wrong,), (s,), {s: 0.0, v: 0.0}, 0.0, False, {"max_loops": 1}
+            ),
+        ]
+
+
+def env(**kwargs: Any):
+    """`MathTwoAgentEnv(**kwargs)` wrapped in PettingZoo's `OrderEnforcingWrapper`."""
+    return wrap(MathTwoAgentEnv(**kwargs))
+
+
+raw_env = MathTwoAgentEnv

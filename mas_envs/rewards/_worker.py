@@ -1,0 +1,144 @@
+"""Bounded math-verify comparisons in worker processes (used by `mas_envs.rewards.math.grade_math`).
+
+Why a process: SymPy's big-integer arithmetic (e.g. `9^{9^{9^9}}`) runs in C while holding the GIL, so
+neither math-verify's `signal.alarm` timeout (main thread only) nor a worker thread can stop it; killing a
+process can. Each worker is this file run as a script (`python -P -u _worker.py`; `-P` keeps its folder, which holds a `math.py`, off `sys.path`), so it needs no import of
+`mas_envs` and works however the parent was started. Protocol: one JSON line per request
+`{"pred": str, "golds": [str, ...]}` on stdin, one JSON line `{"ok": bool}` on stdout.
+
+The parent keeps a small pool of idle workers (one per concurrently grading thread). A worker that misses
+the deadline is killed; the comparison counts as not equivalent. A worker's start-up (about 1 s to import
+SymPy) is not part of the deadline: `prestart()` starts one ahead of time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+
+_START_TIMEOUT_S = 60.0
+_MAX_IDLE = 8
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", "-u", os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        self.ready = False
+
+    def _readline(self, timeout: float) -> str | None:
+        r, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
+        if not r:
+            return None
+        line = self.proc.stdout.readline()
+        return line or None
+
+    def wait_ready(self) -> bool:
+        if not self.ready:
+            self.ready = self._readline(_START_TIMEOUT_S) == "ready\n"
+        return self.ready
+
+    def ask(self, pred: str, golds: list[str], timeout: float) -> bool | None:
+        """`True`/`False`, or `None` when the worker missed the deadline or died (then it is unusable)."""
+        try:
+            self.proc.stdin.write(json.dumps({"pred": pred, "golds": golds}) + "\n")
+            self.proc.stdin.flush()
+            line = self._readline(timeout)
+            return None if line is None else bool(json.loads(line)["ok"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001  (best effort: the process may already be gone)
+            pass
+
+
+_idle: list[_Worker] = []
+_lock = threading.Lock()
+
+
+def prestart() -> None:
+    """Start one idle worker in the background if none is idle (cheap: it only forks and execs)."""
+    with _lock:
+        if not _idle:
+            _idle.append(_Worker())
+
+
+def _borrow() -> _Worker:
+    with _lock:
+        if _idle:
+            return _idle.pop()
+    return _Worker()
+
+
+def _give_back(w: _Worker) -> None:
+    with _lock:
+        if len(_idle) < _MAX_IDLE:
+            _idle.append(w)
+            return
+    w.kill()
+
+
+def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
+    """Whether math-verify finds `pred` equivalent to any of `golds`, decided within `timeout` seconds.
+
+    Returns `False` on a timeout or a worker failure. Waiting for a fresh worker to start is not counted.
+    """
+    w = _borrow()
+    if not w.wait_ready():
+        w.kill()
+        return False
+    t0 = time.monotonic()
+    ok = w.ask(pred, golds, timeout - (time.monotonic() - t0))
+    if ok is None:
+        w.kill()
+        return False
+    _give_back(w)
+    return ok
+
+
+def _serve() -> None:
+    import logging
+
+    from math_verify import parse, verify
+
+    # math-verify warns once that its own timeout is off: the parent's deadline replaces it.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+    def as_latex(s: str):
+        return parse(f"${s}$", parsing_timeout=None) or parse(s, parsing_timeout=None)
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        ok = False
+        try:
+            req = json.loads(line)
+            pred = as_latex(req["pred"])
+            if pred:
+                for g in req["golds"]:
+                    gold = as_latex(g)
+                    if gold and verify(gold, pred, timeout_seconds=None):
+                        ok = True
+                        break
+        except Exception:  # noqa: BLE001  (any parse/compare failure means "not shown equivalent")
+            ok = False
+        print(json.dumps({"ok": ok}), flush=True)
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,138 @@
+r"""Math answer grading: is the last `\boxed{}` of a response equivalent to the gold answer?
+
+`grade_math(response, gold)` takes the text after the last `</think>` (the whole text when there is none),
+extracts its last `\boxed{...}` (or `\fbox{...}`) with brace matching, and compares it with the gold answer:
+first as normalised strings, then with `math-verify` (SymPy-based equivalence: `\frac12 == 0.5`,
+`50\% == 50`, `5\text{ cm} == 5`, tuples, intervals, ...).
+
+It never raises and returns within `GRADE_TIMEOUT_S` (4 s) on any input. SymPy can hang on inputs like
+`9^{9^{9^9}}`: the big-integer arithmetic runs in C while holding the GIL, so neither `signal.alarm` (what
+math-verify uses, and only in the main thread) nor a worker thread can stop it. The SymPy comparison
+therefore runs in a separate worker process (`python -m mas_envs.rewards._worker`, started on first use,
+shared by all threads, killed and restarted when it misses the deadline); a comparison that times out
+counts as not equivalent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["GRADE_TIMEOUT_S", "extract_boxed", "grade_math", "normalize_answer", "strip_think"]
+
+GRADE_TIMEOUT_S = 4.0
+# Longer boxed contents are compared as strings only: nobody's final answer is this long, and SymPy
+# parsing time grows fast with length.
+MAX_SYMPY_CHARS = 400
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+
+
+def strip_think(text: str) -> str:
+    """The text after the last `</think>`, or all of `text` when there is none."""
+    i = text.rfind("</think>")
+    return text if i < 0 else text[i + len("</think>") :]
+
+
+def extract_boxed(text: str) -> str | None:
+    r"""Contents of the last `\boxed{...}` / `\fbox{...}` in `text` (braces matched), else `None`.
+
+    `\boxed 5` (no braces, one token) is accepted too, as in Hendrycks' MATH solutions. An unclosed
+    `\boxed{` does not count.
+    """
+    for m in reversed(list(_BOX_RE.finditer(text))):
+        j = m.end()
+        if j < len(text) and text[j] == "{":
+            depth = 0
+            for k in range(j, len(text)):
+                c = text[k]
+                if c == "{":
+                    depth += 1
+                elif c == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[j + 1 : k]
+            continue  # unbalanced: try an earlier box
+        if m.group(0).endswith((" ", "\t")):
+            token = re.match(r"[^\s$]+", text[j:])
+            if token:
+                return token.group(0)
+    return None
+
+
+_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{\s*([^{}]*?)\s*\}")
+_THOUSANDS_RE = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+
+
+def normalize_answer(s: str) -> str:
+    r"""A light string normal form: no spaces, `$`, `\!`, `\left`/`\right`, `^\circ`, thousands commas, trailing `.`.
+
+    Used for the fast string comparison before SymPy; equivalence proper is math-verify's job.
+    """
+    s = s.strip().strip(".").strip()
+    s = _TEXT_RE.sub(r"\1", s)
+    for old in (
+        "\\left",
+        "\\right",
+        "\\!",
+        "\\,",
+        "\\;",
+        "\\ ",
+        "\\$",
+        "$",
+        "^\\circ",
+        "^{\\circ}",
+        "dfrac",
+        "tfrac",
+    ):
+        s = s.replace(old, "frac" if old in ("dfrac", "tfrac") else "")
+    s = "".join(s.split())
+    if _THOUSANDS_RE.match(s):
+        s = s.replace(",", "")
+    return s
+
+
+def _gold_strings(gold: Any) -> list[str]:
+    if isinstance(gold, bool) or gold is None:
+        return []
+    if isinstance(gold, int):
+        return [str(gold)]
+    if isinstance(gold, float):
+        return [repr(gold)] if gold == gold and abs(gold) != float("inf") else []
+    if isinstance(gold, str):
+        boxed = extract_boxed(gold) if "\\boxed" in gold or "\\fbox" in gold else None
+        return [boxed if boxed is not None else gold]
+    if isinstance(gold, Sequence):
+        return [s for g in gold for s in _gold_strings(g)]
+    return []
+
+
+def grade_math(response: Any, gold: Any) -> bool:
+    r"""Whether the last `\boxed{}` answer of `response` (after the last `</think>`) equals `gold`.
+
+    Args:
+        response: the model's text. Anything that is not a `str` grades `False`.
+        gold: the gold answer: a `str` (LaTeX or plain; a `\boxed{}` inside it is extracted), an `int` or
+            `float`, or a list of acceptable answers (any match counts).
+
+    Returns:
+        `True` when equivalent. Never raises; returns within about `GRADE_TIMEOUT_S` seconds.
+    """
+    try:
+        if not isinstance(response, str):
+            return False
+        pred = extract_boxed(strip_think(response))
+        golds = [g for g in _gold_strings(gold) if g.strip()]
+        if pred is None or not pred.strip() or not golds:
+            return False
+        npred = normalize_answer(pred)
+        if any(npred == normalize_answer(g) for g in golds):
+            return True
+        if len(pred) > MAX_SYMPY_CHARS:
+            return False
+        from mas_envs.rewards import _worker
+
+        return _worker.equivalent(pred, [g[:MAX_SYMPY_CHARS] for g in golds], GRADE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001  (grading is total by contract: a bug here must not kill a rollout)
+        return False
