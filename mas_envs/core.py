@@ -305,6 +305,8 @@ class TextAECEnv(AECEnv[str, str, str]):
         self.task_id = ""
         self.turn = 0
         self.transcript: list[TranscriptEntry] = []
+        self.outcome: Outcome | None = None  # set when the episode ends
+        self.truncated = False
 
     def observation_space(self, agent: str) -> UnicodeText:
         return self._observation_spaces[agent]
@@ -354,6 +356,8 @@ class TextAECEnv(AECEnv[str, str, str]):
         self.task_id = task_id_of(task)
         self.turn = 0
         self.transcript = []
+        self.outcome = None
+        self.truncated = False
         self.agents = list(self.possible_agents)
         self.rewards = {a: 0.0 for a in self.agents}
         self._cumulative_rewards = {a: 0.0 for a in self.agents}
@@ -394,8 +398,9 @@ class TextAECEnv(AECEnv[str, str, str]):
             self.rewards[agent] -= self.invalid_action_penalty
         self.turn += 1
         if transition.next_agent is None or (self.max_turns is not None and self.turn >= self.max_turns):
-            done = self.terminations if transition.next_agent is None else self.truncations
-            outcome = self._outcome()
+            self.truncated = transition.next_agent is not None
+            done = self.truncations if self.truncated else self.terminations
+            outcome = self.outcome = self._outcome()
             for a in self.agents:
                 done[a] = True
                 self.rewards[a] += float(outcome.team_reward)
@@ -422,10 +427,11 @@ class TextAECEnv(AECEnv[str, str, str]):
             flag = " (invalid)" if e.invalid else ""
             lines.append(f"--- turn {e.turn} | {e.speaker}{flag} ---")
             lines.append(e.text)
-        if self.agents and all(self.terminations[a] or self.truncations[a] for a in self.agents):
-            info = self.infos[self.agents[0]]
-            how = "terminated" if any(self.terminations.values()) else "truncated"
-            lines.append(f"=== {how}: team reward {info['team_reward']:g}, success {info['success']} ===")
+        if self.outcome is not None:
+            how = "truncated" if self.truncated else "terminated"
+            lines.append(
+                f"=== {how}: team reward {self.outcome.team_reward:g}, success {self.outcome.success} ==="
+            )
         return "\n".join(lines)
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ SymPy) is not part of the deadline: `prestart()` starts one ahead of time.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -66,10 +67,23 @@ class _Worker:
             self.proc.wait(timeout=5)
         except Exception:  # noqa: BLE001  (best effort: the process may already be gone)
             pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 _idle: list[_Worker] = []
 _lock = threading.Lock()
+
+
+@atexit.register
+def _shutdown() -> None:
+    with _lock:
+        workers, _idle[:] = list(_idle), []
+    for w in workers:
+        w.kill()
 
 
 def prestart() -> None:

@@ -1,0 +1,301 @@
+"""Conformance kit: `check_env(env_fn)` runs every check a `mas_envs` text env must pass.
+
+Third-party envs use it the same way our test suite does::
+
+    from functools import partial
+    import mas_envs
+    from mas_envs.testing import check_env
+
+    report = check_env(partial(mas_envs.make, "my-env-v0"))
+
+`env_fn(**kwargs)` must build a fresh env and accept the env's constructor keyword arguments (golden episodes
+and the render check pass some).
+
+The checks, in order:
+
+1. PettingZoo's `api_test` on the env and on `env.unwrapped`, with every warning an error except
+   `ALLOWED_WARNINGS` (warnings that hold for any text env: non-NumPy observations, non-Box spaces, agent
+   names without a `_<number>` suffix).
+2. The design contract: `stop_strings` (a tuple of str per agent), `invalid_action_penalty`, the `infos`
+   keys `messages` / `turn` / `task_id` / `invalid_action`, and `team_reward` / `success` at the end.
+3. PettingZoo's `seed_test`, and: the same seed and the same actions give an identical transcript.
+4. Pickling after `reset`: the copy plays on exactly like the original.
+5. Random play (`fuzz_episodes` episodes of `action_space(agent).sample()` text, thousands of actions): no
+   exception, the standard loop ends with `agents == []`, `agent_selection` is always a live agent, and each
+   agent's return equals `team_reward - c * (its invalid turns)`.
+6. The env's golden episodes (`env.unwrapped.golden_episodes()`): agents, turn count, returns, team reward
+   and success exactly as scripted.
+7. `render_mode="ansi"` returns the transcript as a `str`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import pickle
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo.test import api_test, seed_test
+
+from mas_envs.core import GoldenEpisode, TextAECEnv
+
+__all__ = ["ALLOWED_WARNINGS", "CheckReport", "check_env", "play_golden_episode", "play_random_episode"]
+
+# Warnings PettingZoo's api_test raises for every text env; anything else fails the check.
+ALLOWED_WARNINGS: tuple[str, ...] = (
+    r"^Observation is not a NumPy array$",
+    r"^Observation space for each agent probably should be gymnasium\.spaces\.box or gymnasium\.spaces\.discrete$",
+    r"^Action space for each agent probably should be gymnasium\.spaces\.box or gymnasium\.spaces\.discrete$",
+    r"^We recommend agents to be named in the format <descriptor>_<number>, like \"player_0\"$",
+)
+
+
+@dataclass
+class CheckReport:
+    """What `check_env` ran: counts, so a test can assert the checks did real work."""
+
+    env_name: str
+    random_episodes: int = 0
+    random_actions: int = 0
+    invalid_random_actions: int = 0
+    golden_episodes: list[str] = field(default_factory=list)
+
+
+# `pettingzoo.test.api_test` is shadowed by the function of that name, so fetch the module itself.
+_pz_api_test = importlib.import_module("pettingzoo.test.api_test")
+_pz_space_compat = _pz_api_test._test_observation_space_compatibility
+
+
+def _space_compat(expected: Any, seen: Any, recursed_keys: list[str]) -> None:
+    # PettingZoo 1.27's api_test compares `expected.dtype == seen.dtype`, which assumes NumPy observations;
+    # a `str` has no dtype. For text spaces the equivalent check is the type.
+    if isinstance(expected, spaces.Text):
+        assert isinstance(seen, str), f"observation is {type(seen).__name__}, but the space holds str"
+        return
+    _pz_space_compat(expected, seen, recursed_keys)
+
+
+def _run_quietly(fn: Callable[[], Any], allowed: tuple[str, ...]) -> None:
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        mock.patch.object(_pz_api_test, "_test_observation_space_compatibility", _space_compat),
+    ):
+        warnings.simplefilter("always")
+        fn()
+    bad = [w for w in caught if not any(re.search(p, str(w.message)) for p in allowed)]
+    if bad:
+        lines = "\n".join(f"  {w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in bad)
+        raise AssertionError(f"warnings outside the allow-list:\n{lines}")
+
+
+def _check_contract(env: Any) -> None:
+    raw = env.unwrapped
+    assert isinstance(raw, TextAECEnv), f"env.unwrapped must be a TextAECEnv, got {type(raw).__name__}"
+    assert isinstance(raw.stop_strings, dict) and set(raw.stop_strings) == set(raw.possible_agents), (
+        "stop_strings must map every possible agent to a tuple of strings"
+    )
+    for a, stops in raw.stop_strings.items():
+        assert isinstance(stops, tuple) and all(isinstance(s, str) and s for s in stops), (
+            f"stop_strings[{a!r}] must be a tuple of non-empty str, got {stops!r}"
+        )
+    c = raw.invalid_action_penalty
+    assert isinstance(c, float) and c >= 0, f"invalid_action_penalty must be a float >= 0, got {c!r}"
+
+
+def _check_infos(env: Any, agent: str, turn: int) -> None:
+    info = env.infos[agent]
+    msgs = info.get("messages")
+    assert isinstance(msgs, list) and msgs, f"infos[{agent!r}]['messages'] must be a non-empty list"
+    for m in msgs:
+        assert (
+            isinstance(m, dict)
+            and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str)
+        ), f"bad chat message in infos[{agent!r}]['messages']: {m!r}"
+    assert info.get("turn") == turn, f"infos[{agent!r}]['turn'] is {info.get('turn')!r}, expected {turn}"
+    assert isinstance(info.get("task_id"), str) and info["task_id"], (
+        f"infos[{agent!r}]['task_id'] must be a str"
+    )
+    assert isinstance(info.get("invalid_action"), bool), f"infos[{agent!r}]['invalid_action'] must be a bool"
+
+
+def play_random_episode(env: Any, rng: np.random.Generator, seed: int) -> tuple[int, int]:
+    """Play one episode with random text actions, checking the loop invariants. Returns (actions, invalid).
+
+    Raises:
+        AssertionError: an invariant failed (the message says which).
+    """
+    raw = env.unwrapped
+    env.reset(seed=seed)
+    for a in env.agents:
+        env.action_space(a).seed(int(rng.integers(2**31)))
+    returns = dict.fromkeys(env.agents, 0.0)
+    invalid = dict.fromkeys(env.agents, 0)
+    n_actions = turn = 0
+    final_info: dict[str, dict[str, Any]] = {}
+    for agent in env.agent_iter(10_000):
+        assert agent in env.agents, f"agent_selection {agent!r} is not in agents {env.agents}"
+        obs, reward, termination, truncation, info = env.last()
+        returns[agent] += reward
+        assert isinstance(obs, str) and obs, f"observe({agent!r}) must be a non-empty str"
+        if termination or truncation:
+            assert "team_reward" in info and "success" in info, (
+                f"infos[{agent!r}] lacks team_reward/success at the end"
+            )
+            final_info[agent] = dict(info)
+            env.step(None)
+            continue
+        assert not any(env.terminations.values()) and not any(env.truncations.values()), (
+            "a live agent was selected while another agent is already done"
+        )
+        _check_infos(env, agent, turn)
+        action = env.action_space(agent).sample()
+        env.step(action)
+        turn += 1
+        n_actions += 1
+        if env.agents and agent in env.infos:
+            invalid[agent] += bool(env.infos[agent]["invalid_action"])
+    assert env.agents == [], f"the standard loop ended with live agents {env.agents}"
+    assert set(final_info) == set(raw.possible_agents), (
+        "every agent must be stepped dead exactly once at the end"
+    )
+    team = {i["team_reward"] for i in final_info.values()}
+    assert len(team) == 1, f"agents disagree on team_reward: {team}"
+    (r,) = team
+    c = raw.invalid_action_penalty
+    for a, ret in returns.items():
+        expected = r - c * invalid[a]
+        assert math.isclose(ret, expected, abs_tol=1e-9), (
+            f"{a!r} returned {ret}, expected team_reward {r} - {c} * {invalid[a]} invalid turns = {expected}"
+        )
+    return n_actions, sum(invalid.values())
+
+
+def play_golden_episode(env_fn: Callable[..., Any], g: GoldenEpisode) -> str:
+    """Replay a golden episode and check it exactly; returns the transcript.
+
+    Raises:
+        AssertionError: the env deviated from the script (the message says where).
+    """
+    env = env_fn(**g.env_kwargs)
+    env.reset(seed=0, options={"task": g.task})
+    returns = dict.fromkeys(env.agents, 0.0)
+    actors, actions = [], list(g.actions)
+    ended: dict[str, dict[str, Any]] = {}
+    for agent in env.agent_iter(10_000):
+        _, reward, termination, truncation, info = env.last()
+        returns[agent] += reward
+        if termination or truncation:
+            assert truncation == g.truncated, f"[{g.name}] truncated={truncation}, expected {g.truncated}"
+            ended[agent] = dict(info)
+            env.step(None)
+            continue
+        assert actions, f"[{g.name}] the env asked {agent!r} for turn {len(actors)} but the script has ended"
+        actors.append(agent)
+        env.step(actions.pop(0))
+    assert tuple(actors) == tuple(g.agents), f"[{g.name}] agents acted as {actors}, expected {list(g.agents)}"
+    for a, expected in g.returns.items():
+        assert math.isclose(returns[a], expected, abs_tol=1e-9), (
+            f"[{g.name}] {a!r} returned {returns[a]}, expected {expected}"
+        )
+    assert set(ended) == set(env.unwrapped.possible_agents), (
+        f"[{g.name}] agents {sorted(ended)} ended, not all"
+    )
+    for info in ended.values():
+        assert info["team_reward"] == g.team_reward, (
+            f"[{g.name}] team_reward {info['team_reward']}, expected {g.team_reward}"
+        )
+        assert info["success"] == g.success, f"[{g.name}] success {info['success']}, expected {g.success}"
+        assert info["turn"] == len(g.actions), f"[{g.name}] {info['turn']} turns, expected {len(g.actions)}"
+    return env.unwrapped.state()
+
+
+def _scripted_transcript(env_fn: Callable[..., Any], seed: int) -> str:
+    env = env_fn()
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    for a in env.agents:
+        env.action_space(a).seed(int(rng.integers(2**31)))
+    for agent in env.agent_iter(10_000):
+        _, _, termination, truncation, _ = env.last()
+        env.step(None if termination or truncation else env.action_space(agent).sample())
+    return env.unwrapped.state()
+
+
+def _check_pickle(env_fn: Callable[..., Any], seed: int) -> None:
+    env = env_fn()
+    env.reset(seed=seed)
+    copy = pickle.loads(pickle.dumps(env))
+    for e in (env, copy):
+        for i, a in enumerate(e.agents):
+            e.action_space(a).seed(seed + i)
+    for agent, agent_copy in zip(env.agent_iter(10_000), copy.agent_iter(10_000), strict=False):
+        assert agent == agent_copy, "the unpickled env selects a different agent"
+        last, last_copy = env.last(), copy.last()
+        assert repr(last) == repr(last_copy), "the unpickled env's last() differs"
+        done = last[2] or last[3]
+        env.step(None if done else env.action_space(agent).sample())
+        copy.step(None if done else copy.action_space(agent).sample())
+    assert env.agents == copy.agents == []
+    assert env.unwrapped.state() == copy.unwrapped.state(), "the unpickled env's transcript differs"
+
+
+def check_env(
+    env_fn: Callable[..., Any],
+    *,
+    fuzz_episodes: int = 1000,
+    seed: int = 0,
+    allowed_warnings: tuple[str, ...] = ALLOWED_WARNINGS,
+) -> CheckReport:
+    """Run the conformance checks listed in the module docstring on envs built by `env_fn`.
+
+    Args:
+        env_fn: `env_fn(**kwargs)` returns a fresh env (wrapped or raw).
+        fuzz_episodes: number of random-play episodes (check 5).
+        seed: base seed of the random play.
+        allowed_warnings: regexes of warnings that do not fail the check.
+
+    Returns:
+        A `CheckReport` with the counts of what ran.
+
+    Raises:
+        AssertionError: a check failed; the message names the check and the difference.
+    """
+    probe = env_fn()
+    report = CheckReport(env_name=str(probe.unwrapped))
+    _check_contract(probe)
+
+    _run_quietly(lambda: api_test(env_fn(), num_cycles=1000), allowed_warnings)
+    _run_quietly(lambda: api_test(env_fn().unwrapped, num_cycles=1000), allowed_warnings)
+    _run_quietly(lambda: seed_test(env_fn, num_cycles=500), allowed_warnings)
+
+    assert _scripted_transcript(env_fn, seed) == _scripted_transcript(env_fn, seed), (
+        "the same seed and the same actions gave different transcripts"
+    )
+    _check_pickle(env_fn, seed)
+
+    rng = np.random.default_rng(seed)
+    env = env_fn()
+    for i in range(fuzz_episodes):
+        n, bad = play_random_episode(env, rng, seed + i)
+        report.random_episodes += 1
+        report.random_actions += n
+        report.invalid_random_actions += bad
+
+    for g in type(probe.unwrapped).golden_episodes():
+        play_golden_episode(env_fn, g)
+        report.golden_episodes.append(g.name)
+
+    if "ansi" in probe.unwrapped.metadata.get("render_modes", ()):
+        env = env_fn(render_mode="ansi")
+        env.reset(seed=seed)
+        text = env.render()
+        assert isinstance(text, str) and text, "render() with render_mode='ansi' must return the transcript"
+    return report
