@@ -8,3 +8,7 @@ from mas_envs.registration import register
 # Math: solver <-> verifier loop, and the solver-alone baseline.
 register("math-2agent-v0", entry_point="mas_envs.envs.math.math_2agent:env")
 register("math-1agent-v0", entry_point="mas_envs.envs.math.math_1agent:env")
+
+# Search: verifier -> searcher | answerer with a FAISS E5 retriever, and the Search-R1-style single agent.
+register("search-3agent-v0", entry_point="mas_envs.envs.search.search_3agent:env")
+register("search-1agent-v0", entry_point="mas_envs.envs.search.search_1agent:env")

@@ -1,0 +1,221 @@
+"""What the search envs share: tag parsing, retriever resolution, the search call, history and grading.
+
+Parsing rules (documented once here, tested in ``tests/envs/test_search_parsing.py``):
+
+* A tag block is ``<tag>…</tag>``; tag names match case-insensitively, the content is stripped.
+* **Action type = the first action tag.** Among ``<search>`` and ``<answer>``, whichever opening tag comes
+  first decides what the action is; e.g. ``<search>q</search> <answer>x</answer>`` is a search for ``q``.
+  Both kinds present ("two different action tags") makes the action invalid, but it is still carried out.
+* **Which answer counts: the last complete ``<answer>`` block** (as Search-R1 and Dr. MAS grade), so a model
+  that corrects itself is graded on its final word. Several answer blocks are not penalised by themselves.
+* A search uses the first complete ``<search>`` block. An opening tag without its closing tag is invalid.
+* ``<think>…</think>`` is required exactly once, before the action tag, where the role asks for it; a
+  missing or repeated think block makes the action invalid, but the search or answer is still carried out
+  (the reference's behaviour: the format is penalised, the content is used).
+* Unlike the reference, CJK characters are *not* penalised: non-English entity names are legitimate answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mas_envs.core import TranscriptEntry
+from mas_envs.rewards.qa import exact_match, f1_score
+
+from .retriever import Passage, Retriever, format_passages
+
+__all__ = [
+    "ActionParse",
+    "NotesAfterActionMixin",
+    "check_retriever_arg",
+    "first_block",
+    "golden_answers_of",
+    "information_block",
+    "last_block",
+    "parse_action",
+    "resolve_retriever",
+    "run_search",
+    "score_answer",
+]
+
+
+def _open(tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<{tag}>", re.IGNORECASE)
+
+
+def _block(tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<{tag}>(.*?)</{tag}>", re.IGNORECASE | re.DOTALL)
+
+
+def first_block(text: str, tag: str) -> str | None:
+    """Stripped content of the first complete ``<tag>…</tag>`` block, or ``None``."""
+    m = _block(tag).search(text)
+    return m.group(1).strip() if m else None
+
+
+def last_block(text: str, tag: str) -> str | None:
+    """Stripped content of the last complete ``<tag>…</tag>`` block, or ``None``."""
+    blocks = _block(tag).findall(text)
+    return blocks[-1].strip() if blocks else None
+
+
+def _think_ok(text: str, before: int) -> bool:
+    """Exactly one ``<think>`` and one ``</think>``, in that order, closed before position ``before``."""
+    opens = [m.start() for m in _open("think").finditer(text)]
+    closes = [m.start() for m in re.finditer(r"</think>", text, re.IGNORECASE)]
+    return len(opens) == 1 and len(closes) == 1 and opens[0] < closes[0] < before
+
+
+@dataclass(frozen=True)
+class ActionParse:
+    """The parsed text of a searcher / answerer / single agent.
+
+    Attributes:
+        kind: ``"search"``, ``"answer"`` or ``None`` (no complete action tag).
+        content: the query (first search block) or the graded answer (last answer block); ``None`` if absent.
+        invalid: the format was wrong (see the module docstring).
+        reason: short human-readable reason when invalid (``""`` otherwise).
+    """
+
+    kind: str | None
+    content: str | None
+    invalid: bool
+    reason: str = ""
+
+
+def parse_action(text: str, allowed: Sequence[str], *, require_think: bool = True) -> ActionParse:
+    """Parse one agent reply under the rules of the module docstring.
+
+    Args:
+        text: the raw reply.
+        allowed: the action kinds this agent may take, a subset of ``("search", "answer")``.
+        require_think: whether a single ``<think>…</think>`` block before the action is mandatory.
+
+    Returns:
+        The :class:`ActionParse`. Never raises on any string.
+    """
+    starts = {k: m.start() for k in ("search", "answer") if (m := _open(k).search(text))}
+    if not starts:
+        return ActionParse(None, None, True, "no <search> or <answer> tag")
+    kind = min(starts, key=starts.get)
+    content = first_block(text, "search") if kind == "search" else last_block(text, "answer")
+    reasons = []
+    if content is None:
+        reasons.append(f"unclosed <{kind}> tag")
+    if len(starts) > 1:
+        reasons.append("two different action tags")
+    if kind not in allowed:
+        reasons.append(f"<{kind}> is not this agent's action")
+    if require_think and not _think_ok(text, starts[kind]):
+        reasons.append("needs exactly one <think>...</think> before the action")
+    if kind == "search" and content is not None and not content:
+        reasons.append("empty search query")
+    return ActionParse(kind, content, bool(reasons), "; ".join(reasons))
+
+
+def golden_answers_of(task: dict[str, Any]) -> list[str]:
+    """The task's accepted answers: ``golden_answers`` (list) or ``answer`` (str or list)."""
+    golds = task.get("golden_answers", task.get("answer"))
+    if golds is None:
+        raise ValueError(f"task {task.get('id')!r} has neither 'golden_answers' nor 'answer'")
+    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
+
+
+def score_answer(answer: str | None, task: dict[str, Any]) -> tuple[float, float]:
+    """``(exact match, F1)`` of an answer against the task's golden answers (0.0, 0.0 for no answer)."""
+    if answer is None:
+        return 0.0, 0.0
+    golds = golden_answers_of(task)
+    return exact_match(answer, golds), f1_score(answer, golds)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_retriever(spec: str | tuple[str, ...]) -> Retriever:
+    if spec == "default":
+        from retrieval_index.bundled import default_retriever
+
+        return default_retriever()
+    urls = spec if isinstance(spec, tuple) else (spec,)
+    if all(u.startswith(("http://", "https://")) for u in urls):
+        from retrieval_index.client import RemoteRetriever
+
+        return RemoteRetriever(list(urls))
+    if isinstance(spec, str):
+        from retrieval_index.index import Retriever as FaissRetriever
+
+        return FaissRetriever.load(spec)
+    raise ValueError(f"cannot make a retriever from {spec!r}")
+
+
+def resolve_retriever(retriever: Retriever | str | Sequence[str] | None) -> Retriever:
+    """Turn the env's ``retriever`` argument into an object with ``search``.
+
+    ``None`` → the bundled HotpotQA index (:func:`retrieval_index.default_retriever`); a URL or list of URLs →
+    :class:`retrieval_index.RemoteRetriever`; another string → an index directory for
+    :meth:`retrieval_index.Retriever.load`; anything with a ``search`` method is used as is. String specs are
+    resolved once per process and shared, so envs built from plain-data kwargs (YAML) stay picklable.
+    """
+    if retriever is None:
+        return _cached_retriever("default")
+    if isinstance(retriever, str):
+        return _cached_retriever(retriever)
+    if isinstance(retriever, Sequence) and all(isinstance(u, str) for u in retriever):
+        return _cached_retriever(tuple(retriever))
+    if not callable(getattr(retriever, "search", None)):
+        raise TypeError(f"retriever must have a search(queries, topk) method, got {type(retriever).__name__}")
+    return retriever
+
+
+def check_retriever_arg(retriever: Any) -> None:
+    """Raise ``TypeError`` at construction for a ``retriever`` argument :func:`resolve_retriever` cannot use."""
+    if retriever is None or isinstance(retriever, str):
+        return
+    if isinstance(retriever, Sequence) and retriever and all(isinstance(u, str) for u in retriever):
+        return
+    if not callable(getattr(retriever, "search", None)):
+        raise TypeError(
+            "retriever must be None (bundled index), a URL or list of URLs, an index directory, or an object "
+            f"with a search(queries, topk) method; got {type(retriever).__name__}"
+        )
+
+
+def information_block(body: str) -> str:
+    """Wrap text as the ``<information>…</information>`` block agents see."""
+    return f"<information>{body}</information>"
+
+
+def run_search(retriever: Any, query: str, topk: int) -> tuple[list[Passage], str]:
+    """Run one query; never raises.
+
+    Returns:
+        ``(passages, body)``: the passages (empty on error) and the text for the information block, either the
+        Search-R1 rendering of the passages or ``"Search error: <type>: <message>"``.
+    """
+    try:
+        hits = resolve_retriever(retriever).search([query], topk)[0]
+    except Exception as err:  # a failing retriever is an observation for the agents, not a crash
+        return [], f"Search error: {type(err).__name__}: {err}"
+    return list(hits), format_passages(list(hits))
+
+
+class NotesAfterActionMixin:
+    """Put env messages (retrieved passages) in the transcript *after* the action that caused them.
+
+    ``TextAECEnv`` records an action only after ``_act`` returns, so a ``_note`` made inside ``_act`` would be
+    listed before the search that produced it. Envs call :meth:`_note_after` instead; the notes are appended
+    once the base class has recorded the action.
+    """
+
+    def _note_after(self, text: str) -> None:
+        self._pending_notes.append(text)
+
+    def step(self, action: str | None) -> None:
+        self._pending_notes: list[str] = []
+        super().step(action)
+        for text in self._pending_notes:
+            self.transcript.append(TranscriptEntry(self.turn - 1, "env", text))
+        self._pending_notes = []

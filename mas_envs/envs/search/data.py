@@ -1,0 +1,123 @@
+"""QA task loaders for the search envs: the bundled HotpotQA set and FlashRAG-shaped files.
+
+A FlashRAG QA file is JSONL (optionally gzip'd) with ``question`` and ``golden_answers`` (a list of accepted
+answers); ``id`` is optional. Files that only have ``answer`` (a string or a list) are accepted too. The
+datasets of the Search-R1 / Dr. MAS evaluation all come in this shape: NQ, TriviaQA, PopQA, HotpotQA,
+2WikiMultiHopQA, MuSiQue and Bamboogle (FlashRAG's ``<root>/<dataset>/<split>.jsonl`` layout).
+
+Task rows come out as ``{"id", "question", "golden_answers", "data_source", ...}`` (other columns kept), the
+schema ``TextAECEnv.reset(options={"task": row})`` expects.
+
+The bundled set (``"hotpotqa"``): 150 HotpotQA dev questions (distractor setting) whose 1,484 context
+paragraphs form the bundled retrieval corpus; CC BY-SA 4.0, see ``mas_envs/data/hotpotqa/NOTICE.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FLASHRAG_DATASETS", "bundled_hotpotqa", "load_qa"]
+
+# FlashRAG dataset folder name -> data_source reported in metrics.
+FLASHRAG_DATASETS = {
+    "nq": "nq",
+    "triviaqa": "triviaqa",
+    "popqa": "popqa",
+    "hotpotqa": "hotpotqa",
+    "2wikimultihopqa": "2wikimultihopqa",
+    "musique": "musique",
+    "bamboogle": "bamboogle",
+}
+
+
+def _hotpotqa_dir() -> Path:
+    return Path(str(resources.files("mas_envs") / "data" / "hotpotqa"))
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled_rows() -> tuple[dict[str, Any], ...]:
+    return tuple(_read_jsonl(_hotpotqa_dir() / "questions.jsonl"))
+
+
+def bundled_hotpotqa() -> list[dict[str, Any]]:
+    """The 150 bundled HotpotQA questions as task rows (fresh copies; ``data_source == "hotpotqa"``)."""
+    return [dict(r) for r in _bundled_rows()]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _golden(row: dict[str, Any], where: str) -> list[str]:
+    for key in ("golden_answers", "answer", "answers"):
+        value = row.get(key)
+        if value is None:
+            continue
+        golds = [value] if isinstance(value, str) else [str(v) for v in value]
+        if golds:
+            return golds
+    raise KeyError(f"{where}: no golden_answers / answer field (columns: {sorted(row)})")
+
+
+def load_qa(
+    source: str | Path = "hotpotqa",
+    *,
+    split: str = "test",
+    root: str | Path | None = None,
+    limit: int | None = None,
+    data_source: str | None = None,
+) -> list[dict[str, Any]]:
+    """Load QA task rows.
+
+    Args:
+        source: ``"hotpotqa"`` without ``root`` (the bundled set), a FlashRAG dataset name with ``root``
+            (reads ``<root>/<source>/<split>.jsonl``), or a path to a JSONL / JSONL.gz file.
+        split: split file name used with ``root``.
+        root: FlashRAG data root.
+        limit: keep the first ``limit`` rows.
+        data_source: override the rows' ``data_source`` (default: the dataset name, or the file's parent folder
+            when it is a known FlashRAG dataset, else the file stem).
+
+    Returns:
+        A list of task dicts with ``id``, ``question``, ``golden_answers`` (list of str), ``data_source``.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message says which path was tried).
+        KeyError: a row lacks ``question`` or any gold answer field.
+    """
+    if root is None and str(source) == "hotpotqa":
+        rows = bundled_hotpotqa()
+        return rows[:limit] if limit is not None else rows
+    if root is not None:
+        path = Path(root).expanduser() / str(source) / f"{split}.jsonl"
+        name = str(source)
+    else:
+        path = Path(source).expanduser()
+        name = path.parent.name if path.parent.name in FLASHRAG_DATASETS else path.name.split(".")[0]
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no QA file at {path}; pass a JSONL path, or root=<FlashRAG data dir> with a dataset name "
+            f"({', '.join(FLASHRAG_DATASETS)})"
+        )
+    source_name = data_source or FLASHRAG_DATASETS.get(name, name)
+    tasks = []
+    for i, row in enumerate(_read_jsonl(path)):
+        where = f"{path}: row {i}"
+        if "question" not in row:
+            raise KeyError(f"{where}: no 'question' field (columns: {sorted(row)})")
+        task = dict(row)
+        task["question"] = str(row["question"])
+        task["golden_answers"] = _golden(row, where)
+        task["data_source"] = source_name
+        task["id"] = str(row.get("id", row.get("idx", f"{source_name}/{split}/{i}")))
+        tasks.append(task)
+        if limit is not None and len(tasks) >= limit:
+            break
+    return tasks

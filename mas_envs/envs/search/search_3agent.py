@@ -1,0 +1,285 @@
+"""search-3agent: a verifier routes each turn to a searcher or an answerer (Dr. MAS search task).
+
+| | |
+|---|---|
+| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, last_turn="answer")` |
+| Agents | `verifier`, `searcher`, `answerer` |
+| Turn order | each turn: `verifier` → (`no`) `searcher` → next turn, or (`yes`) `answerer` → end |
+| Observation | the agent's prompt: question, every past query with its `<information>` block, role instructions |
+| Action | any text. verifier: reasoning ending in `<verify>yes</verify>` or `<verify>no</verify>`; searcher: `<think>…</think><search>query</search>`; answerer: `<think>…</think><answer>…</answer>` |
+| Reward | R = exact match of the answer against `golden_answers` after SQuAD normalisation (0 without an answer), to every agent at the end; `-c` (default c = 0.01) to an agent on an invalid action |
+| Termination | the answerer answered (or, with `last_turn="verify"`, the verifier said no on the last turn) |
+| Truncation | never: the last turn always ends in a termination |
+| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches` |
+
+**Turns.** A turn is one verifier decision plus the action it routes to, as in the reference
+(`env.max_steps`); `infos[a]["turn"]` still counts single agent actions, as in every `mas_envs` env.
+Turn `t` of `max_turns`:
+
+* `t < max_turns`: the verifier decides. `no` → the searcher writes a query; the env runs the retriever
+  (top-`topk`) and appends the query and an `<information>` block to the history every agent sees; then turn
+  `t + 1`. `yes` → the answerer answers and the episode ends.
+* `t == max_turns`, `last_turn="answer"` (default): there is nothing left to decide, so the verifier is not
+  asked; the answerer answers from the evidence gathered. Every episode therefore ends with an answer.
+* `t == max_turns`, `last_turn="verify"` (the reference's behaviour): the verifier is asked; `yes` → the
+  answerer answers, `no` → the episode ends with no answer and R = 0. The reference makes a late `no` worth
+  nothing; this option reproduces it exactly for comparison with the paper.
+
+**Parsing** (see `mas_envs.envs.search.common`). Verifier: the verdict is the first complete
+`<verify>…</verify>` block (generation stops at `</verify>`), lower-cased; anything but `yes`/`no` is
+invalid and routes to the answerer (the reference's default). Searcher and answerer: the first action tag
+decides the action type, the last `<answer>` block is the graded answer, `<think>` is required once; a
+searcher that answers instead is invalid and no search happens. A retriever failure becomes
+`<information>Search error: …</information>` and the episode goes on.
+
+**What each agent sees.** All three see the question and the whole search history. The searcher also sees
+the verifier's reply of this turn (its teammate's reasoning, as in the reference); the answerer does not.
+
+**Arguments.** `retriever`: an object with `search(queries, topk)`, a URL or list of URLs of a
+`mas-index serve` / Search-R1 server, an index directory, or `None` for the bundled HotpotQA index (built on
+first use from shipped embeddings; needs the `search` extra). `topk` passages per search. `max_turns` turns.
+`last_turn` as above. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
+
+**Version history.** v0: first version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
+
+from .common import (
+    NotesAfterActionMixin,
+    check_retriever_arg,
+    first_block,
+    information_block,
+    parse_action,
+    run_search,
+    score_answer,
+)
+from .data import bundled_hotpotqa
+from .retriever import KeywordRetriever, Passage, Retriever
+
+__all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
+
+VERIFIER, SEARCHER, ANSWERER = "verifier", "searcher", "answerer"
+
+_TEAM = (
+    "You are the {role} of a three-agent team (Verifier, Searcher, Answerer) that answers questions with the "
+    "help of a search engine. The team works in turns: each turn the Verifier decides whether the information "
+    "gathered so far is enough; if not, the Searcher issues one search query and the results are added to the "
+    "shared history; if it is, the Answerer gives the final answer."
+)
+SYSTEM_PROMPTS = {
+    VERIFIER: _TEAM.format(role="Verifier")
+    + " Review the past queries (in <search> tags) and the retrieved passages (in <information> tags): were the"
+    " queries precise and on target, were any repeated, vague or off-topic, and does the information contain"
+    " everything the answer needs? Reason step by step, then end your reply with <verify>yes</verify> if the"
+    " information is sufficient to answer, or <verify>no</verify> if the team must search again.",
+    SEARCHER: _TEAM.format(role="Searcher")
+    + " Your job is to write the next search query. Think step by step inside <think> </think> about what is"
+    " still missing, using the question, the previous queries and results, and the Verifier's assessment. Then"
+    " give exactly one query inside <search> </search>, e.g. <think>...</think><search>capital of"
+    " Mongolia</search>. Do not answer the question yourself.",
+    ANSWERER: _TEAM.format(role="Answerer")
+    + " Your job is to give the final answer. Think step by step inside <think> </think>, combining the"
+    " retrieved information with your own knowledge. Then give only the short answer inside <answer> </answer>"
+    " (a name, a date, a number, or yes/no), e.g. <think>...</think><answer>Ulaanbaatar</answer>. The answer is"
+    " graded by exact match, so write no explanation inside the answer tags.",
+}
+
+
+def render_history(history: Sequence[tuple[str, str]]) -> str:
+    """Past searches as the agents see them: ``Turn n: <search>q</search>`` then the information block."""
+    if not history:
+        return "Search history: none yet."
+    lines = ["Search history:"]
+    for n, (query, info) in enumerate(history, start=1):
+        lines.append(f"Turn {n}: <search>{query}</search>\n{info}")
+    return "\n".join(lines)
+
+
+class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
+    """Verifier → searcher | answerer multi-turn search QA (see the module docstring)."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "search_3agent_v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": False,
+    }
+    possible_agents = (VERIFIER, SEARCHER, ANSWERER)
+    stop_strings: ClassVar[dict[str, tuple[str, ...]]] = {
+        VERIFIER: ("</verify>",),
+        SEARCHER: ("</search>",),
+        ANSWERER: ("</answer>",),
+    }
+    fuzz_fragments: ClassVar[dict[str, tuple[str, ...]]] = {
+        VERIFIER: ("<verify>yes</verify>", "<verify>no</verify>", "<verify>", "maybe"),
+        SEARCHER: ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "Paris"),
+        ANSWERER: ("<think>", "</think>", "<answer>", "</answer>", "<search>", "yes"),
+    }
+    default_invalid_action_penalty: ClassVar[float] = 0.01
+
+    def __init__(
+        self,
+        *,
+        retriever: Retriever | str | Sequence[str] | None = None,
+        topk: int = 3,
+        max_turns: int = 4,
+        last_turn: str = "answer",
+        tasks: Sequence[dict[str, Any]] | str | None = None,
+        invalid_action_penalty: float | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        check_retriever_arg(retriever)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if last_turn not in ("answer", "verify"):
+            raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
+        super().__init__(
+            tasks=bundled_hotpotqa() if tasks is None else tasks,
+            invalid_action_penalty=invalid_action_penalty,
+            max_turns=None,  # the turn cap counts verifier turns, handled here; the base counts agent actions
+            render_mode=render_mode,
+        )
+        self.retriever = retriever
+        self.topk = topk
+        self.turn_limit = max_turns
+        self.last_turn = last_turn
+
+    # --- episode logic -----------------------------------------------------------------------------------
+    def _start(self, task: dict[str, Any]) -> str:
+        self.search_turn = 1  # 1-based turn in the reference's sense
+        self.history: list[tuple[str, str]] = []
+        self.verifier_reply: str | None = None
+        self.answer: str | None = None
+        return self._turn_opener()
+
+    def _turn_opener(self) -> str:
+        last = self.search_turn >= self.turn_limit
+        return ANSWERER if last and self.last_turn == "answer" else VERIFIER
+
+    def _act(self, agent: str, action: str) -> Transition:
+        if agent == VERIFIER:
+            self.verifier_reply = action
+            verdict = first_block(action, "verify")
+            verdict = verdict.lower() if verdict is not None else None
+            invalid = verdict not in ("yes", "no")
+            if verdict == "no":
+                if self.search_turn >= self.turn_limit:
+                    return Transition(invalid=False, next_agent=None)  # last_turn="verify": no answer
+                return Transition(invalid=False, next_agent=SEARCHER)
+            return Transition(invalid=invalid, next_agent=ANSWERER)
+        if agent == SEARCHER:
+            parsed = parse_action(action, allowed=("search",))
+            if parsed.kind == "search" and parsed.content:
+                _, body = run_search(self.retriever, parsed.content, self.topk)
+                info = information_block(body)
+                self.history.append((parsed.content, info))
+                self._note_after(info)
+            else:
+                info = information_block(f"No search was run: {parsed.reason}.")
+                self.history.append(("", info))
+                self._note_after(info)
+            self.search_turn += 1
+            self.verifier_reply = None
+            return Transition(invalid=parsed.invalid, next_agent=self._turn_opener())
+        parsed = parse_action(action, allowed=("answer",))
+        self.answer = parsed.content if parsed.kind == "answer" else None
+        return Transition(invalid=parsed.invalid, next_agent=None)
+
+    def _outcome(self) -> Outcome:
+        em, f1 = score_answer(self.answer, self.task)
+        for a in self.agents:
+            self.infos[a].update({"f1": f1, "answer": self.answer, "num_searches": len(self.history)})
+        return Outcome(team_reward=em, success=em == 1.0)
+
+    # --- prompts -----------------------------------------------------------------------------------------
+    def _prompt(self, agent: str) -> list[dict[str, str]]:
+        parts = [f"Question: {self.task['question']}", render_history(self.history)]
+        if agent == SEARCHER and self.verifier_reply is not None:
+            parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
+        turn = f"This is turn {self.search_turn} of {self.turn_limit}."
+        last = self.search_turn >= self.turn_limit
+        if agent == VERIFIER:
+            tail = " If you answer no now, the team gives no answer." if last else ""
+            parts.append(f"{turn}{tail} Decide: <verify>yes</verify> or <verify>no</verify>.")
+        elif agent == SEARCHER:
+            parts.append(f"{turn} Write the next query: <think>...</think><search>query</search>.")
+        else:
+            parts.append(f"{turn} Give the final answer: <think>...</think><answer>short answer</answer>.")
+        return [
+            {"role": "system", "content": SYSTEM_PROMPTS[agent]},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
+
+    # --- scripted episodes for mas_envs.testing.check_env ------------------------------------------------
+    @classmethod
+    def golden_episodes(cls) -> list[GoldenEpisode]:
+        passages = [
+            Passage("p1", "Ulaanbaatar", '"Ulaanbaatar"\nUlaanbaatar is the capital of Mongolia.'),
+            Passage("p2", "Paris", '"Paris"\nParis is the capital of France.'),
+        ]
+        kwargs = {"retriever": KeywordRetriever(passages)}
+        task = {
+            "id": "golden-1",
+            "question": "What is the capital of Mongolia?",
+            "golden_answers": ["Ulaanbaatar"],
+            "data_source": "golden",
+        }
+        c = cls.default_invalid_action_penalty
+        return [
+            GoldenEpisode(
+                name="no -> search -> yes -> correct answer",
+                task=task,
+                actions=(
+                    "Nothing known yet. <verify>no</verify>",
+                    "<think>need the capital</think><search>capital of Mongolia</search>",
+                    "The passage names it. <verify>yes</verify>",
+                    "<think>from doc 1</think><answer>Ulaanbaatar</answer>",
+                ),
+                agents=(VERIFIER, SEARCHER, VERIFIER, ANSWERER),
+                returns={VERIFIER: 1.0, SEARCHER: 1.0, ANSWERER: 1.0},
+                team_reward=1.0,
+                success=True,
+                env_kwargs=kwargs,
+            ),
+            GoldenEpisode(
+                name="invalid verdict routes to the answerer, wrong answer",
+                task=task,
+                actions=("I think so.", "<think>guess</think><answer>Paris</answer>"),
+                agents=(VERIFIER, ANSWERER),
+                returns={VERIFIER: -c, SEARCHER: 0.0, ANSWERER: 0.0},
+                team_reward=0.0,
+                success=False,
+                env_kwargs=kwargs,
+            ),
+            GoldenEpisode(
+                name="max_turns=2: no, search without think, forced answer on the last turn",
+                task=task,
+                actions=(
+                    "<verify>no</verify>",
+                    "<search>Mongolia capital</search>",
+                    "<think>ok</think><answer>the Ulaanbaatar</answer>",
+                ),
+                agents=(VERIFIER, SEARCHER, ANSWERER),
+                returns={VERIFIER: 1.0, SEARCHER: 1.0 - c, ANSWERER: 1.0},
+                team_reward=1.0,
+                success=True,
+                env_kwargs={**kwargs, "max_turns": 2},
+            ),
+        ]
+
+
+def raw_env(**kwargs: Any) -> SearchThreeAgentEnv:
+    """The env without wrappers."""
+    return SearchThreeAgentEnv(**kwargs)
+
+
+def env(**kwargs: Any):
+    """The env with PettingZoo's order-enforcing wrapper (what `mas_envs.make` returns)."""
+    return wrap(SearchThreeAgentEnv(**kwargs))
