@@ -86,3 +86,25 @@ class ScriptGenerator:
                 )
             )
         return outs
+
+
+class ParityEnv(ScriptEnv):
+    """``ScriptEnv`` whose reward a random-weight model can earn: R = 1 when the solver's last action has an even
+    number of characters. Gives reward variance within every task group, so advantages (and gradients) are
+    non-zero for both agents."""
+
+    metadata = {"name": "parity_v0", "render_modes": ["ansi"], "is_parallelizable": False}
+
+    def _outcome(self):
+        even = len(self.last_answer) % 2 == 0
+        return Outcome(float(even), even)
+
+
+def make_parity_env(**kw):
+    return wrap(ParityEnv(**kw))
+
+
+PARITY_TASKS = [
+    {"id": f"p{i}", "question": f"Say something of even length #{i}", "answer": "x", "data_source": "parity"}
+    for i in range(6)
+]

@@ -1,0 +1,89 @@
+"""Where model-group workers live.
+
+A pool starts one :class:`~mas_train.trainer.ModelGroupWorker` per model group and hands out handles whose
+methods return plain data. :class:`LocalPool` (the default, ``pool: local``) keeps every worker in this
+process; a Ray pool (``pool: ray``) places each worker in an actor with the CPUs/GPUs its group asks for. The
+trainer only uses the interface below, so the pool can change without touching it:
+
+* ``start()``: create the workers (loads models; call once).
+* ``groups``: model group names, in config order.
+* ``worker(group)``: the handle; ``handle.generate(...)``, ``handle.update(...)``, ``handle.sync_weights()``,
+  ``handle.save(folder)``, ``handle.load(folder)`` return results synchronously.
+* ``tokenizer(group)``: the group's tokenizer, in the driver process (the collector renders prompts with it).
+* ``shutdown()``: release every worker. Idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LocalPool", "RayPool", "make_pool"]
+
+
+class LocalPool:
+    """All model groups in this process (CPU runs, one-GPU runs, tests).
+
+    Args:
+        resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
+        micro_batch_size: forwarded to each :class:`~mas_train.trainer.ModelGroupWorker`.
+    """
+
+    def __init__(self, resolved: Any, *, micro_batch_size: int = 8) -> None:
+        self.resolved = resolved
+        self.micro_batch_size = micro_batch_size
+        self._workers: dict[str, Any] = {}
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self.resolved.model_groups)
+
+    def start(self) -> LocalPool:
+        """Load every group's model, trainer and backend. Returns ``self``."""
+        from mas_train.trainer import ModelGroupWorker
+
+        for g in self.groups:
+            if g not in self._workers:
+                self._workers[g] = ModelGroupWorker(self.resolved, g, micro_batch_size=self.micro_batch_size)
+        return self
+
+    def worker(self, group: str) -> Any:
+        """The worker of ``group``.
+
+        Raises:
+            KeyError: unknown group, or :meth:`start` was not called.
+        """
+        if group not in self._workers:
+            raise KeyError(
+                f"no worker for model group {group!r}; groups: {self.groups}"
+                + ("" if self._workers else " (call start() first)")
+            )
+        return self._workers[group]
+
+    def tokenizer(self, group: str) -> Any:
+        return self.worker(group).tokenizer
+
+    def shutdown(self) -> None:
+        for w in self._workers.values():
+            w.close()
+        self._workers.clear()
+
+
+def make_pool(resolved: Any, *, micro_batch_size: int = 8) -> Any:
+    """The pool ``resolved.config.pool`` names (``local``; ``ray`` once ``RayPool`` exists).
+
+    Raises:
+        ValueError: an unknown or unavailable pool.
+    """
+    kind = resolved.config.pool
+    if kind == "local":
+        return LocalPool(resolved, micro_batch_size=micro_batch_size)
+    if kind == "ray":
+        cls = globals().get("RayPool")
+        if cls is None:
+            raise ValueError("pool 'ray' is not available in this version; use pool: local")
+        return cls(resolved, micro_batch_size=micro_batch_size)
+    raise ValueError(f"unknown pool {kind!r}; use 'local' or 'ray'")
+
+
+# The Ray pool lives in its own module (Ray itself is imported only when a RayPool starts).
+from mas_train.ray_pool import RayPool  # noqa: E402

@@ -1,0 +1,290 @@
+"""GroupGRPOTrainer / ModelGroupWorker / MultiGroupTrainer on the tiny Qwen3 model: it really trains."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
+
+from mas_train.rollout import Sample  # noqa: E402
+from mas_train.trainer import (  # noqa: E402
+    GroupGRPOTrainer,
+    MultiGroupTrainer,
+    StaleSampleError,
+    TaskSampler,
+    grpo_args,
+)
+
+
+def _samples(n_solver=4, n_verifier=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n_solver + n_verifier):
+        agent = "solver" if i < n_solver else "verifier"
+        p = torch.randint(0, 5000, (6 + i % 3,), generator=g).tolist()
+        c = torch.randint(0, 5000, (2 + i % 4,), generator=g).tolist()
+        out.append(
+            Sample(
+                f"t{i % 2}", f"r{i}", agent, "g", 0, p, c, [-12.0] * len(c), False, 1.0, True, 0, "stop", "x"
+            )
+        )
+    return out
+
+
+ADV = [1.0, -1.0, 0.5, -0.5, 1.2, -0.7, 0.3]
+
+
+def _trainer(tiny_model_and_tokenizer, tmp_path, **kw):
+    model, tok = tiny_model_and_tokenizer
+    micro = kw.pop("micro_batch_size", 8)
+    args = grpo_args(str(tmp_path / "trl"), max_steps=10, learning_rate=1e-2, **kw)
+    return GroupGRPOTrainer(copy.deepcopy(model), tok, args, micro_batch_size=micro)
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _capture_grads(tr):
+    """Record the gradients the optimizer steps with (Adam would amplify rounding noise in near-zero entries)."""
+    grads = []
+    step = tr.optimizer.step
+
+    def wrapped(*a, **k):
+        grads.append(
+            {n: p.grad.detach().clone() for n, p in tr.model.named_parameters() if p.grad is not None}
+        )
+        return step(*a, **k)
+
+    tr.optimizer.step = wrapped
+    return grads
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_update_changes_every_parameter_and_agent_norms_do_not_change_the_update(
+    tiny_model_and_tokenizer, tmp_path
+):
+    samples = _samples()
+    # IS off: the fake sampling logprobs are far from the model's, which would mask every sequence
+    plain = _trainer(tiny_model_and_tokenizer, tmp_path, vllm_importance_sampling_correction=False)
+    measured = _trainer(tiny_model_and_tokenizer, tmp_path, vllm_importance_sampling_correction=False)
+    g_plain, g_meas = _capture_grads(plain), _capture_grads(measured)
+    before = _params(plain.model)
+    m_plain = plain.update(samples, ADV)
+    m_meas = measured.update(samples, ADV, agent_grad_norms=True)
+    after_plain = _params(plain.model)
+    assert [k for k in before if torch.equal(before[k], after_plain[k])] == []  # every parameter moved
+    # measuring per-agent norms leaves the gradient of the real update unchanged (up to summation order)
+    assert g_plain[0].keys() == g_meas[0].keys() and len(g_plain[0]) == len(before)
+    for k in g_plain[0]:
+        torch.testing.assert_close(g_meas[0][k], g_plain[0][k], rtol=1e-5, atol=1e-7)
+    # the total gradient is the sum of the agents' gradients: triangle inequality, and both are non-zero
+    gs, gv, total = m_meas["grad_norm/solver"], m_meas["grad_norm/verifier"], m_meas["grad_norm"]
+    assert gs > 0 and gv > 0 and total <= gs + gv + 1e-6 and total >= abs(gs - gv) - 1e-6
+    assert total == pytest.approx(m_plain["grad_norm"], rel=1e-5)
+    assert m_plain["num_samples"] == 7 and m_plain["num_tokens"] == sum(
+        len(s.completion_ids) for s in samples
+    )
+    assert plain.state.global_step == 1
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_micro_batching_gives_the_same_update_for_dapo(tiny_model_and_tokenizer, tmp_path):
+    samples = _samples()
+    one = _trainer(
+        tiny_model_and_tokenizer, tmp_path, vllm_importance_sampling_correction=False, loss_type="dapo"
+    )
+    many = _trainer(
+        tiny_model_and_tokenizer,
+        tmp_path,
+        vllm_importance_sampling_correction=False,
+        loss_type="dapo",
+        micro_batch_size=2,
+    )
+    g1, g2 = _capture_grads(one), _capture_grads(many)
+    m1, m2 = one.update(samples, ADV), many.update(samples, ADV)
+    assert m2["num_micro_batches"] == 4 and m1["num_micro_batches"] == 1
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)
+    for k in g1[0]:
+        torch.testing.assert_close(g2[0][k], g1[0][k], rtol=1e-4, atol=1e-7)
+
+
+def test_importance_sampling_ratio_from_sampling_logprobs(tiny_model_and_tokenizer, tmp_path):
+    tr = _trainer(tiny_model_and_tokenizer, tmp_path)  # TRL default: sequence_mask, clip max 3
+    samples = _samples(2, 0)
+    inputs = tr.build_inputs(samples, [1.0, -1.0])
+    true = tr._policy_logps(inputs)
+    on_policy = [
+        Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
+        for i, s in enumerate(samples)
+    ]
+    m = tr.update(on_policy, [1.0, -1.0])
+    assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m["sampling/sampling_logp_difference/mean"] < 1e-4
+    assert m["grad_norm"] > 0
+    # sampling logprobs 2 nats below the policy on every token: the sequence ratio exp(2T) > 3 is masked out
+    tr2 = _trainer(tiny_model_and_tokenizer, tmp_path)
+    off = [
+        Sample(**{**s.__dict__, "sampling_logprobs": [x - 2.0 for x in s.sampling_logprobs]})
+        for s in on_policy
+    ]
+    m2 = tr2.update(off, [1.0, -1.0])
+    assert m2["sampling/importance_sampling_ratio/mean"] == 0.0
+    assert m2["grad_norm"] == 0.0
+
+
+@pytest.mark.slow
+def test_kl_term_with_beta(tiny_model_and_tokenizer, tmp_path):
+    tr = _trainer(tiny_model_and_tokenizer, tmp_path, beta=0.1, vllm_importance_sampling_correction=False)
+    ref_before = _params(tr.ref_model)
+    m1 = tr.update(_samples(), ADV)
+    m2 = tr.update(_samples(seed=1), ADV)
+    assert m1["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first step
+    assert m2["kl"] > 0
+    ref_after = _params(tr.ref_model)
+    assert all(torch.equal(ref_before[k], ref_after[k]) for k in ref_before)
+
+
+def test_build_inputs_padding(tiny_model_and_tokenizer, tmp_path):
+    tr = _trainer(tiny_model_and_tokenizer, tmp_path)
+    s1 = Sample(
+        "t", "a", "solver", "g", 0, [5, 6, 7], [8, 9], [-1.0, -2.0], False, 0.0, False, 0, "stop", "x"
+    )
+    s2 = Sample(
+        "t", "b", "solver", "g", 0, [5], [8, 9, 10], [-1.0, -2.0, -3.0], False, 0.0, False, 0, "stop", "x"
+    )
+    inp = tr.build_inputs([s1, s2], [0.5, -0.5])
+    pad = tr.pad_token_id
+    assert inp["prompt_ids"].tolist() == [[5, 6, 7], [pad, pad, 5]]
+    assert inp["prompt_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert inp["completion_ids"].tolist() == [[8, 9, pad], [8, 9, 10]]
+    assert inp["completion_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert inp["sampling_per_token_logps"].tolist() == [[-1.0, -2.0, 0.0], [-1.0, -2.0, -3.0]]
+    assert inp["advantages"].tolist() == [0.5, -0.5] and int(inp["num_items_in_batch"]) == 5
+    with pytest.raises(ValueError, match="logprobs"):
+        tr.build_inputs([Sample(**{**s1.__dict__, "sampling_logprobs": [0.0]})], [1.0])
+
+
+def test_task_sampler_is_deterministic_and_resumable():
+    tasks = [{"id": i} for i in range(5)]
+    a = TaskSampler(tasks, seed=3)
+    first = [t["id"] for t in a.next(7)]
+    assert sorted(first[:5]) == [0, 1, 2, 3, 4]  # one full epoch before any repeat
+    b = TaskSampler(tasks, seed=3)
+    b.next(4)
+    state = b.state_dict()
+    c = TaskSampler(tasks, seed=3)
+    c.load_state_dict(state)
+    assert [t["id"] for t in c.next(3)] == first[4:7]
+    with pytest.raises(ValueError, match="same seed"):
+        TaskSampler(tasks, seed=4).load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# MultiGroupTrainer: one step trains every model group
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _multi(tmp_path, tiny_qwen3_path, sharing, **extra):
+    from mas_train.config import TrainConfig
+
+    cfg = TrainConfig.from_dict(
+        dict(
+            env="parity",
+            model=tiny_qwen3_path,
+            model_sharing=sharing,
+            num_generations=2,
+            tasks_per_step=2,
+            max_steps=3,
+            output_dir=str(tmp_path),
+            run_name="run",
+            learning_rate=1e-3,
+            sampling={"max_new_tokens": 4},
+            **extra,
+        )
+    )
+    resolved = cfg.resolve(["solver", "verifier"])
+    return MultiGroupTrainer(resolved, env_factory=make_parity_env, train_tasks=PARITY_TASKS)
+
+
+def _group_params(tr):
+    return {g: _params(tr.pool.worker(g).model) for g in tr.groups}
+
+
+def _changed(before, after):
+    return {g: [k for k in before[g] if not torch.equal(before[g][k], after[g][k])] for g in before}
+
+
+def test_one_step_trains_the_shared_group(tmp_path, tiny_qwen3_path):
+    tr = _multi(tmp_path, tiny_qwen3_path, "shared")
+    try:
+        assert tr.groups == ["shared"]
+        before = _group_params(tr)
+        metrics, extra = tr.train_step()
+        changed = _changed(before, _group_params(tr))
+        assert len(changed["shared"]) == len(before["shared"])  # every trained parameter moved
+        assert metrics["losses/grad_norm/shared"] > 0
+        assert metrics["losses/grad_norm/solver"] > 0 and metrics["losses/grad_norm/verifier"] > 0
+        assert metrics["charts/num_samples"] == 8 and len(extra["tasks"]) == 2
+        assert tr.pool.worker("shared").weight_version == 1  # synced once
+    finally:
+        tr.close()
+
+
+def test_one_step_trains_each_non_shared_group_and_skips_a_group_that_did_not_act(tmp_path, tiny_qwen3_path):
+    tr = _multi(tmp_path, tiny_qwen3_path, "per_agent")
+    try:
+        assert tr.groups == ["solver", "verifier"]
+        before = _group_params(tr)
+        tr.train_step()
+        after = _group_params(tr)
+        changed = _changed(before, after)
+        assert {g: len(v) for g, v in changed.items()} == {g: len(before[g]) for g in before}
+        # the backend generates with the synced weights: its copy equals the trained policy
+        w = tr.pool.worker("solver")
+        gen_state = w.backend.model.state_dict()
+        for k, v in w.model.state_dict().items():
+            assert torch.equal(gen_state[k], v)
+
+        # next step: the verifier never acts -> its group is skipped, untouched, without error
+        tr.sampler = TaskSampler([dict(t, skip_verifier=True) for t in PARITY_TASKS], seed=0)
+        metrics, _ = tr.train_step()
+        assert metrics["charts/skipped/verifier"] == 1.0 and metrics["charts/skipped/solver"] == 0.0
+        after2 = _group_params(tr)
+        assert _changed({"verifier": after["verifier"]}, {"verifier": after2["verifier"]}) == {"verifier": []}
+        assert len(_changed({"solver": after["solver"]}, {"solver": after2["solver"]})["solver"]) > 0
+        assert tr.pool.worker("verifier").weight_version == 1 and tr.pool.worker("solver").weight_version == 2
+
+        # samples generated before the last sync are refused
+        stale = Sample(
+            "t", "r", "solver", "solver", 0, [1, 2], [3], [-1.0], False, 0.0, False, 1, "stop", "x"
+        )
+        with pytest.raises(StaleSampleError, match="v1 but the policy is at v2"):
+            tr.pool.worker("solver").update([stale], [1.0])
+    finally:
+        tr.close()
+
+
+@pytest.mark.slow
+def test_one_step_trains_heterogeneous_groups(tmp_path, tiny_qwen3_path):
+    from mas_train.models import build_tiny_qwen3
+
+    other = build_tiny_qwen3(
+        tmp_path / "other", seed=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1
+    )
+    tr = _multi(tmp_path, tiny_qwen3_path, "shared", agents={"verifier": {"model": str(other)}})
+    try:
+        assert len(tr.groups) == 2
+        sizes = {tr.pool.worker(g).num_parameters for g in tr.groups}
+        assert len(sizes) == 2  # two different models
+        before = _group_params(tr)
+        tr.train_step()
+        changed = _changed(before, _group_params(tr))
+        assert {g: len(v) for g, v in changed.items()} == {g: len(before[g]) for g in before}
+    finally:
+        tr.close()
