@@ -43,6 +43,11 @@ def make_backend(kind: Any, model: Any = None, tokenizer: Any = None, **kwargs: 
         ValueError: unknown ``kind``.
         ImportError: the backend's optional dependencies are missing (the message has the pip line).
     """
+    if not isinstance(kind, str) and kind.backend in ("sglang_engine", "sglang_http") and not kwargs:
+        # a model-group config: its backend_kwargs (gpu_ids, port, url, ...) are mapped by the SGLang factory
+        from mas_train.backends.sglang import make_sglang_backend
+
+        return make_sglang_backend(kind, model, tokenizer)
     if not isinstance(kind, str):
         kwargs = {**dict(getattr(kind, "backend_kwargs", None) or {}), **kwargs}
         kind = kind.backend

@@ -1,0 +1,395 @@
+"""``pool: ray`` — every model group's worker in its own Ray actor, placed in one placement group.
+
+Each model group asks for ``num_cpus`` / ``num_gpus`` (fractions allowed, e.g. two groups at ``num_gpus: 0.5``
+share one GPU); the pool turns those into one bundle per group, reserves them all at once with a placement
+group (strategy ``PACK`` by default: as few nodes as possible, spilling over when one is not enough), and starts
+a :class:`~mas_train.trainer.ModelGroupWorker` per group in an actor pinned to its bundle. The actor holds the
+group's policy, its TRL trainer and its generation backend, so weights never leave the actor: the driver sends
+token ids and samples, and gets completions, metrics and versions back.
+
+Every wait has a timeout: a placement group that cannot be placed fails after ``ready_timeout_s`` with the
+resources it is missing (Ray itself would wait forever), a worker that does not start fails after
+``start_timeout_s`` and every call after ``call_timeout_s``. Actors and the placement group are removed by
+:meth:`RayPool.shutdown`, which also runs at interpreter exit (so after Ctrl-C, which ends the driver with
+``KeyboardInterrupt``); actors are never detached, so Ray also reaps them if the driver dies.
+
+Defaults can be set without code through ``MAS_RAY_STRATEGY``, ``MAS_RAY_READY_TIMEOUT``,
+``MAS_RAY_START_TIMEOUT`` and ``MAS_RAY_CALL_TIMEOUT`` (seconds), and ``RAY_ADDRESS`` to join a running
+cluster (``ray start --head`` on one node, ``ray start --address ...`` on the others).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RayPool", "RayWorkerHandle", "parameter_fingerprint", "placement_bundles"]
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# Passed to the actors so a worker on this node behaves as the driver does (offline hub, shared cache).
+_PASSTHROUGH_ENV = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "MAS_RL_CACHE",
+    "XDG_CACHE_HOME",
+    "TOKENIZERS_PARALLELISM",
+)
+_RAY_HINT = "pool: ray needs Ray: pip install 'mas-rl[ray]' (ray[default]==2.60.0)"
+
+
+def placement_bundles(resolved: Any) -> list[dict[str, float]]:
+    """One Ray bundle per model group, in group order: ``{"CPU": num_cpus, "GPU": num_gpus}`` (zero entries
+    dropped, as Ray requires).
+
+    Raises:
+        ValueError: a group reserves neither CPUs nor GPUs (Ray cannot place an empty bundle).
+    """
+    bundles = []
+    for name, g in resolved.model_groups.items():
+        b = {k: float(v) for k, v in (("CPU", g.num_cpus), ("GPU", g.num_gpus)) if v and v > 0}
+        if not b:
+            raise ValueError(
+                f"model_groups.{name}: num_cpus and num_gpus are both 0; a Ray actor needs some resource "
+                "(set num_cpus: 1, or num_gpus: 0.5 to share a GPU)"
+            )
+        bundles.append(b)
+    return bundles
+
+
+def parameter_fingerprint(model: Any) -> dict[str, Any]:
+    """A fingerprint of a model's weights: ``sha256`` of every parameter's bytes (in ``named_parameters``
+    order; equal iff bit-identical), ``sum`` and ``abs_sum`` in float64 (for tolerance comparisons) and the
+    parameter count ``numel``."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    total = abs_total = 0.0
+    numel = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            t = p.detach().to("cpu").contiguous()
+            digest.update(name.encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            t64 = t.double()
+            total += float(t64.sum())
+            abs_total += float(t64.abs().sum())
+            numel += t.numel()
+    return {"sha256": digest.hexdigest(), "sum": total, "abs_sum": abs_total, "numel": numel}
+
+
+def _missing_resources(needed: dict[str, float], have: dict[str, float]) -> dict[str, float]:
+    return {k: round(v - have.get(k, 0.0), 6) for k, v in needed.items() if v > have.get(k, 0.0) + 1e-9}
+
+
+class _ModelGroupActor:
+    """The Ray actor body: a :class:`~mas_train.trainer.ModelGroupWorker` plus generic call/get."""
+
+    def __init__(self, resolved: Any, group: str, micro_batch_size: int, cwd: str, num_threads: int) -> None:
+        import torch
+
+        if os.path.isdir(cwd):
+            os.chdir(cwd)  # relative run folders resolve as in the driver (same node or shared filesystem)
+        torch.set_num_threads(num_threads)
+        from mas_train.trainer import ModelGroupWorker
+
+        self.worker = ModelGroupWorker(resolved, group, micro_batch_size=micro_batch_size)
+
+    def info(self) -> dict[str, Any]:
+        w = self.worker
+        return {
+            "pid": os.getpid(),
+            "node": os.uname().nodename,
+            "tokenizer": w.tokenizer,
+            "num_parameters": w.num_parameters,
+            "model_path": w.model_path,
+            "agents": tuple(w.agents),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return parameter_fingerprint(self.worker.model)
+
+    def get(self, attr: str) -> Any:
+        return getattr(self.worker, attr)
+
+
+class RayWorkerHandle:
+    """Driver-side stand-in for one group's :class:`~mas_train.trainer.ModelGroupWorker` in a Ray actor.
+
+    Same methods as the worker (``generate``, ``update``, ``sync_weights``, ``save``, ``load``, ``close``), each
+    a blocking remote call bounded by ``call_timeout_s``. Paths given to ``save``/``load`` are made absolute in
+    the driver first.
+
+    Raises (from every call):
+        TimeoutError: no answer within ``call_timeout_s`` (names the group and the method).
+        RuntimeError: the actor died (e.g. out of memory); the Ray error is chained.
+    """
+
+    def __init__(self, pool: RayPool, group: str, actor: Any, info: dict[str, Any]) -> None:
+        self._pool = pool
+        self.group = group
+        self.actor = actor
+        self.tokenizer = info["tokenizer"]
+        self.num_parameters = int(info["num_parameters"])
+        self.model_path = info["model_path"]
+        self.agents = tuple(info["agents"])
+        self.pid = int(info["pid"])
+        self.node = info["node"]
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._pool._get(self.actor.call.remote(method, *args, **kwargs), f"{self.group}.{method}")
+
+    @property
+    def weight_version(self) -> int:
+        return int(self._pool._get(self.actor.get.remote("weight_version"), f"{self.group}.weight_version"))
+
+    def generate(self, prompt_ids, sampling):
+        return self._call("generate", prompt_ids, sampling)
+
+    def update(self, samples, advantages, **kwargs):
+        return self._call("update", samples, advantages, **kwargs)
+
+    def sync_weights(self) -> int:
+        return int(self._call("sync_weights"))
+
+    def save(self, folder: str) -> None:
+        self._call("save", str(Path(folder).resolve()))
+
+    def load(self, folder: str) -> None:
+        self._call("load", str(Path(folder).resolve()))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """:func:`parameter_fingerprint` of this group's policy, computed in the actor (no weights travel)."""
+        return self._pool._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
+
+    def close(self) -> None:
+        self._call("close")
+
+
+class RayPool:
+    """Model-group workers in Ray actors inside one placement group (``pool: ray``).
+
+    Args:
+        resolved: the run's :class:`~mas_train.config.ResolvedConfig`; each group's ``num_cpus``/``num_gpus``
+            is its bundle and its actor's reservation.
+        micro_batch_size: forwarded to each worker.
+        strategy: placement strategy, one of ``PACK`` (default), ``SPREAD``, ``STRICT_PACK``, ``STRICT_SPREAD``.
+        ready_timeout_s: seconds to wait for the placement group (default 120, ``MAS_RAY_READY_TIMEOUT``).
+        start_timeout_s: seconds for every worker to load its model (default 1800, ``MAS_RAY_START_TIMEOUT``).
+        call_timeout_s: seconds for one remote call (default 3600, ``MAS_RAY_CALL_TIMEOUT``).
+        address: Ray cluster to join (default ``RAY_ADDRESS``, else a local cluster is started); ignored when
+            Ray is already initialised in this process (tests do that).
+        init_kwargs: further ``ray.init`` arguments when this pool starts Ray (e.g. ``num_cpus``).
+
+    Raises (from :meth:`start`):
+        ImportError: Ray is not installed (the message has the pip line).
+        TimeoutError: the placement group or a worker was not ready in time; the message names the missing
+            resources. Everything already started is released first.
+    """
+
+    def __init__(
+        self,
+        resolved: Any,
+        *,
+        micro_batch_size: int = 8,
+        strategy: str | None = None,
+        ready_timeout_s: float | None = None,
+        start_timeout_s: float | None = None,
+        call_timeout_s: float | None = None,
+        address: str | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.resolved = resolved
+        self.micro_batch_size = micro_batch_size
+        self.strategy = (strategy or os.environ.get("MAS_RAY_STRATEGY") or "PACK").upper()
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"placement strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        self.ready_timeout_s = float(ready_timeout_s or os.environ.get("MAS_RAY_READY_TIMEOUT") or 120)
+        self.start_timeout_s = float(start_timeout_s or os.environ.get("MAS_RAY_START_TIMEOUT") or 1800)
+        self.call_timeout_s = float(call_timeout_s or os.environ.get("MAS_RAY_CALL_TIMEOUT") or 3600)
+        self.address = address
+        self.init_kwargs = dict(init_kwargs or {})
+        self.bundles = placement_bundles(resolved)
+        self._handles: dict[str, RayWorkerHandle] = {}
+        self._actors: list[Any] = []
+        self.placement_group: Any = None
+        self._owns_ray = False
+        self._atexit = False
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self.resolved.model_groups)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self) -> RayPool:
+        """Reserve the bundles, start one actor per group and wait until every model is loaded."""
+        if self._handles:
+            return self
+        try:
+            import ray
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        except ImportError as e:
+            raise ImportError(_RAY_HINT) from e
+
+        if not ray.is_initialized():
+            address = self.address or os.environ.get("RAY_ADDRESS")
+            ray.init(address=address, include_dashboard=False, log_to_driver=True, **self.init_kwargs)
+            self._owns_ray = True
+        if not self._atexit:
+            # a weak reference: the exit hook must not keep a finished pool (and its actors) alive
+            ref = weakref.ref(self)
+            atexit.register(lambda: ref() is not None and ref().shutdown())
+            self._atexit = True
+        try:
+            self._place(ray, placement_group)
+            self._start_actors(ray, PlacementGroupSchedulingStrategy)
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def _place(self, ray: Any, placement_group: Any) -> None:
+        name = f"mas-rl-{self.resolved.run_name}-{os.getpid()}"
+        self.placement_group = placement_group(self.bundles, strategy=self.strategy, name=name)
+        ready, _ = ray.wait([self.placement_group.ready()], timeout=self.ready_timeout_s)
+        if ready:
+            return
+        needed: dict[str, float] = {}
+        for b in self.bundles:
+            for k, v in b.items():
+                needed[k] = needed.get(k, 0.0) + v
+        total, available = ray.cluster_resources(), ray.available_resources()
+        missing = _missing_resources(needed, total)
+        shown = {g: b for g, b in zip(self.groups, self.bundles, strict=True)}
+        if missing:
+            why = f"the cluster lacks {missing} (cluster total: { {k: total.get(k, 0.0) for k in needed} })"
+        else:
+            why = (
+                f"the cluster has the resources in total but not free or not in this shape (strategy "
+                f"{self.strategy}, per-node limits); free now: { {k: available.get(k, 0.0) for k in needed} }"
+            )
+        raise TimeoutError(
+            f"Ray placement group for model groups {shown} (strategy {self.strategy}) was not placed within "
+            f"{self.ready_timeout_s:.0f}s: {why}. Lower model_groups.<g>.num_gpus / num_cpus (fractions share a "
+            "GPU), add nodes, or raise MAS_RAY_READY_TIMEOUT if the cluster is still scaling up."
+        )
+
+    def _start_actors(self, ray: Any, strategy_cls: Any) -> None:
+        env_vars = {k: os.environ[k] for k in _PASSTHROUGH_ENV if k in os.environ}
+        env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
+        actor_cls = ray.remote(_ModelGroupActor)
+        refs = {}
+        for i, (name, g) in enumerate(self.resolved.model_groups.items()):
+            if g.num_gpus > 0 and (g.backend_kwargs or {}).get("gpu_ids"):
+                logger.warning(
+                    "model group %r sets backend_kwargs.gpu_ids under pool: ray; Ray assigns this actor's GPU(s) "
+                    "and renumbers them from 0 (CUDA_VISIBLE_DEVICES), so gpu_ids index the visible devices",
+                    name,
+                )
+            threads = max(1, int(g.num_cpus))
+            actor = actor_cls.options(
+                num_cpus=g.num_cpus,
+                num_gpus=g.num_gpus,
+                scheduling_strategy=strategy_cls(
+                    placement_group=self.placement_group, placement_group_bundle_index=i
+                ),
+                runtime_env={"env_vars": {**env_vars, "OMP_NUM_THREADS": str(threads)}},
+                name=f"mas-rl-{name}-{os.getpid()}-{id(self)}",
+            ).remote(self.resolved, name, self.micro_batch_size, os.getcwd(), threads)
+            self._actors.append(actor)
+            refs[name] = (actor, actor.info.remote())
+        for name, (actor, ref) in refs.items():
+            info = self._get(ref, f"{name} start-up (loading its model)", timeout=self.start_timeout_s)
+            self._handles[name] = RayWorkerHandle(self, name, actor, info)
+            logger.info("model group %r: actor pid %s on %s", name, info["pid"], info["node"])
+
+    def _get(self, ref: Any, what: str, *, timeout: float | None = None) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        timeout = self.call_timeout_s if timeout is None else timeout
+        try:
+            return ray.get(ref, timeout=timeout)
+        except GetTimeoutError as e:
+            raise TimeoutError(
+                f"Ray worker call {what} did not finish within {timeout:.0f}s (raise MAS_RAY_CALL_TIMEOUT / "
+                "MAS_RAY_START_TIMEOUT if the model is large)"
+            ) from e
+        except RayActorError as e:
+            raise RuntimeError(f"the Ray actor of {what.split('.')[0]} died during {what}: {e}") from e
+
+    # -- pool interface ----------------------------------------------------------------------------------
+
+    def worker(self, group: str) -> RayWorkerHandle:
+        """The handle of ``group``.
+
+        Raises:
+            KeyError: unknown group, or :meth:`start` was not called.
+        """
+        if group not in self._handles:
+            raise KeyError(
+                f"no worker for model group {group!r}; groups: {self.groups}"
+                + ("" if self._handles else " (call start() first)")
+            )
+        return self._handles[group]
+
+    def tokenizer(self, group: str) -> Any:
+        return self.worker(group).tokenizer
+
+    def shutdown(self) -> None:
+        """Close every backend (best effort, bounded), kill the actors, remove the placement group, and stop
+        Ray if this pool started it. Idempotent."""
+        try:
+            import ray
+        except ImportError:
+            return
+        if not ray.is_initialized():
+            self._handles.clear()
+            self._actors.clear()
+            self.placement_group = None
+            return
+        if self._handles:
+            refs = [h.actor.call.remote("close") for h in self._handles.values()]
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=30)
+            except Exception as e:  # noqa: BLE001 - cleanup must go on whatever a dying actor says
+                logger.warning("closing Ray workers: %s", e)
+        for actor in self._actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as e:  # noqa: BLE001
+                logger.warning("killing a Ray worker: %s", e)
+        self._handles.clear()
+        self._actors.clear()
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self.placement_group)
+            except Exception as e:  # noqa: BLE001
+                logger.warning("removing the placement group: %s", e)
+            self.placement_group = None
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    def __enter__(self) -> RayPool:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
