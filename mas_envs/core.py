@@ -41,7 +41,8 @@ and implements these methods (all called by the base class; none of them touches
   whether it was invalid and who acts next (`next_agent=None` ends the episode). It must not raise on any str.
 * `_outcome(self) -> Outcome`: the team reward R and success, called once when the episode ends.
 * optionally `_note(text)` (call it to add an env message, such as retrieved passages, to the transcript) and
-  the classmethod `golden_episodes()` returning `GoldenEpisode`s that `mas_envs.testing.check_env` replays.
+  the classmethods `golden_episodes()` (`GoldenEpisode`s that `mas_envs.testing.check_env` replays) and
+  `conformance_kwargs()` (constructor kwargs for those checks, e.g. a stub retriever).
 
 Then give the module an `env(**kwargs)` function (`wrap(MyEnv(**kwargs))`) and register it (see
 `mas_envs.registration`). `examples/custom_env.py` is a complete 40-line example.
@@ -263,6 +264,12 @@ class TextAECEnv(AECEnv[str, str, str]):
     def golden_episodes(cls) -> list[GoldenEpisode]:
         """Scripted episodes with exact expected results for `mas_envs.testing.check_env` (default: none)."""
         return []
+
+    @classmethod
+    def conformance_kwargs(cls) -> dict[str, Any]:
+        """Constructor kwargs `check_env` builds the env with (e.g. a stub retriever, so random play needs
+        no index). Default: none."""
+        return {}
 
     # --- PettingZoo API ----------------------------------------------------------------------------------
     def __init__(

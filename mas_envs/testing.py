@@ -9,7 +9,8 @@ Third-party envs use it the same way our test suite does::
     report = check_env(partial(mas_envs.make, "my-env-v0"))
 
 `env_fn(**kwargs)` must build a fresh env and accept the env's constructor keyword arguments (golden episodes
-and the render check pass some).
+and the render check pass some). Every env is built with the class's `conformance_kwargs()` (e.g. a stub
+retriever) unless the caller's kwargs override them.
 
 The checks, in order:
 
@@ -269,6 +270,14 @@ def check_env(
         AssertionError: a check failed; the message names the check and the difference.
     """
     probe = env_fn()
+    defaults = type(probe.unwrapped).conformance_kwargs()
+    if defaults:
+        base_fn = env_fn
+
+        def env_fn(**kwargs: Any) -> Any:
+            return base_fn(**{**defaults, **kwargs})
+
+        probe = env_fn()
     report = CheckReport(env_name=str(probe.unwrapped))
     _check_contract(probe)
 

@@ -1,0 +1,219 @@
+"""TextAECEnv bookkeeping, checked on a tiny env defined here (independent of the math envs)."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mas_envs.core import Outcome, TextAECEnv, Transition, UnicodeText, messages_to_text, task_id_of, wrap
+
+TASKS = [{"question": f"say {i}", "answer": str(i), "data_source": "toy", "id": f"toy/{i}"} for i in range(5)]
+
+
+class RelayEnv(TextAECEnv):
+    """alice and bob alternate; an action is valid when it is a decimal number; "done" by bob ends it.
+
+    Team reward: 1 when the last number said equals the task answer.
+    """
+
+    metadata = {"name": "relay-v0", "render_modes": ["ansi"], "is_parallelizable": False}
+    possible_agents = ("alice", "bob")
+    stop_strings = {"bob": ("done",)}
+
+    def _start(self, task: dict[str, Any]) -> str:
+        self.said: list[str] = []
+        return "alice"
+
+    def _prompt(self, agent: str) -> list[dict[str, str]]:
+        return [
+            {"role": "system", "content": f"You are {agent}."},
+            {"role": "user", "content": f"{self.task['question']} | so far: {' '.join(self.said)}"},
+        ]
+
+    def _act(self, agent: str, action: str) -> Transition:
+        if agent == "bob" and action == "done":
+            return Transition(invalid=False, next_agent=None)
+        valid = action.strip().isdecimal()
+        if valid:
+            self.said.append(action.strip())
+        return Transition(invalid=not valid, next_agent="bob" if agent == "alice" else "alice")
+
+    def _outcome(self) -> Outcome:
+        ok = bool(self.said) and self.said[-1] == self.task["answer"]
+        return Outcome(1.0 if ok else 0.0, ok)
+
+
+def play(env, actions: list[str]) -> tuple[dict[str, float], list[str]]:
+    """Standard AEC loop with scripted actions; returns (per-agent return, acting agents)."""
+    returns, actors, it = dict.fromkeys(env.possible_agents, 0.0), [], iter(actions)
+    for agent in env.agent_iter():
+        assert agent in env.agents
+        _, r, term, trunc, _ = env.last()
+        returns[agent] += r
+        if term or trunc:
+            env.step(None)
+        else:
+            actors.append(agent)
+            env.step(next(it))
+    assert env.agents == []
+    return returns, actors
+
+
+def test_rewards_penalty_and_team_reward_bookkeeping():
+    env = wrap(RelayEnv(tasks=TASKS, invalid_action_penalty=0.25))
+    env.reset(options={"task_index": 3})
+    env.step("x")  # alice invalid: -0.25 to alice only
+    assert env.rewards == {"alice": -0.25, "bob": 0.0}
+    assert env.infos["alice"]["invalid_action"] is True and env.infos["bob"]["invalid_action"] is False
+    env.step("3")  # bob valid
+    assert env.rewards == {"alice": 0.0, "bob": 0.0}
+    assert env.last()[1] == -0.25  # alice's accumulated reward since her last action
+    env.step("2")  # alice valid
+    env.step("done")  # bob ends: last number "2" != "3" -> R = 0
+    assert all(env.terminations.values()) and not any(env.truncations.values())
+    assert {a: i["team_reward"] for a, i in env.infos.items()} == {"alice": 0.0, "bob": 0.0}
+    assert {a: i["success"] for a, i in env.infos.items()} == {"alice": False, "bob": False}
+
+
+def test_returns_and_turns_of_a_successful_episode():
+    env = wrap(RelayEnv(tasks=TASKS, invalid_action_penalty=0.1))
+    env.reset(options={"task_index": 3})
+    returns, actors = play(env, ["??", "3", "1", "done"])
+    # R = 0 (last said "1"); alice had one invalid turn
+    assert actors == ["alice", "bob", "alice", "bob"]
+    assert returns == pytest.approx({"alice": -0.1, "bob": 0.0})
+    env.reset(options={"task_index": 3})
+    returns, _ = play(env, ["bad", "7", "3", "done"])
+    assert returns == pytest.approx({"alice": 1.0 - 0.1, "bob": 1.0})
+    assert env.unwrapped.turn == 4
+
+
+def test_infos_hold_messages_turn_task_id():
+    env = wrap(RelayEnv(tasks=TASKS))
+    env.reset(options={"task_index": 1})
+    for a in env.agents:
+        info = env.infos[a]
+        assert info["messages"][0] == {"role": "system", "content": f"You are {a}."}
+        assert info["turn"] == 0 and info["task_id"] == "toy/1" and info["invalid_action"] is False
+        assert env.observe(a) == messages_to_text(info["messages"])
+    env.step("5")
+    assert env.infos["bob"]["turn"] == 1
+    assert env.infos["bob"]["messages"][1]["content"] == "say 1 | so far: 5"
+    assert env.observe("bob") == "You are bob.\n\nsay 1 | so far: 5"
+
+
+def test_max_turns_truncates_with_team_reward():
+    env = wrap(RelayEnv(tasks=TASKS, max_turns=3))
+    env.reset(options={"task_index": 2})
+    returns, actors = play(env, ["1", "2", "2"])
+    assert actors == ["alice", "bob", "alice"]
+    assert returns == {"alice": 1.0, "bob": 1.0}
+    assert env.unwrapped.truncated and "truncated" in env.unwrapped.state()
+
+
+def test_task_choice_from_task_index_and_seed_never_touches_global_rng():
+    env = RelayEnv(tasks=TASKS)
+    py_state, np_state = random.getstate(), np.random.get_state()
+    picked = []
+    for seed in range(20):
+        env.reset(seed=seed)
+        picked.append(env.task_id)
+    assert random.getstate() == py_state
+    assert all(
+        a == b for a, b in zip(np.random.get_state(), np_state, strict=True) if not isinstance(a, np.ndarray)
+    )
+    assert (np.random.get_state()[1] == np_state[1]).all()
+    # a seed picks task rng.integers(5) of default_rng(seed)
+    assert picked == [f"toy/{np.random.default_rng(s).integers(5)}" for s in range(20)]
+    assert len(set(picked)) > 1
+    env.reset(seed=7)
+    first = env.task_id
+    env.reset(seed=7)
+    assert env.task_id == first
+
+
+def test_options_task_and_unknown_options():
+    env = RelayEnv(tasks=TASKS)
+    env.reset(options={"task": {"question": "say 9", "answer": "9"}, "unrelated": 1})
+    assert env.task["answer"] == "9"
+    assert env.task_id == task_id_of({"question": "say 9", "answer": "9"}) and len(env.task_id) == 16
+    env.reset(seed=0, options={"options": 1})  # what PettingZoo's api_test passes
+    with pytest.raises(ValueError, match="question"):
+        env.reset(options={"task": {"answer": "1"}})
+    with pytest.raises(IndexError, match="out of range for 5 tasks"):
+        env.reset(options={"task_index": 5})
+
+
+def test_no_task_list_is_a_clear_error():
+    env = RelayEnv()
+    with pytest.raises(ValueError, match="tasks="):
+        env.reset(seed=0)
+
+
+def test_dead_step_and_type_errors():
+    env = wrap(RelayEnv(tasks=TASKS))
+    env.reset(options={"task_index": 0})
+    with pytest.raises(TypeError, match="must be a str"):
+        env.step(None)
+    with pytest.raises(TypeError, match="must be a str"):
+        env.step(3)
+    env.step("0")
+    env.step("done")
+    with pytest.raises(ValueError, match="only valid action is None"):
+        env.step("more text")
+
+
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="invalid_action_penalty"):
+        RelayEnv(invalid_action_penalty=-1)
+    with pytest.raises(ValueError, match="max_turns"):
+        RelayEnv(max_turns=0)
+    with pytest.raises(ValueError, match="render_mode"):
+        RelayEnv(render_mode="human")
+
+    class NoAgents(TextAECEnv):
+        pass
+
+    with pytest.raises(TypeError, match="possible_agents"):
+        NoAgents()
+
+
+def test_spaces_hold_any_unicode_and_are_cached():
+    env = RelayEnv(tasks=TASKS)
+    space = env.action_space("alice")
+    assert space is env.action_space("alice") and env.observation_space("bob") is env.observation_space("bob")
+    for text in ["", "数学 答案 \\boxed{½} 😀", "\x00\ud800", "a" * 100_000]:
+        assert space.contains(text)
+    assert not space.contains(b"bytes") and not space.contains(None)
+    assert not UnicodeText(max_length=3).contains("abcd")
+    s1, s2 = UnicodeText(fragments=("<x>",), seed=3), UnicodeText(fragments=("<x>",), seed=3)
+    samples = [s1.sample() for _ in range(50)]
+    assert samples == [s2.sample() for _ in range(50)]
+    assert any("<x>" in s for s in samples) and any("<x>" not in s for s in samples)
+    assert env.action_space("bob").fragments == ("done",)  # stop strings are fuzzed too
+    with pytest.raises(ValueError, match="no mask"):
+        s1.sample(mask=(3, None))
+
+
+def test_pickle_after_reset_plays_on_identically():
+    env = wrap(RelayEnv(tasks=TASKS, render_mode="ansi"))
+    env.reset(options={"task_index": 4})
+    env.step("4")
+    copy = pickle.loads(pickle.dumps(env))
+    for e in (env, copy):
+        e.step("bad")
+        e.step("4")
+        e.step("done")
+    assert env.render() == copy.render()
+    assert "--- turn 1 | bob (invalid) ---" in env.render()
+    assert env.render().endswith("=== terminated: team reward 1, success True ===")
+
+
+def test_render_none_without_ansi_mode():
+    env = RelayEnv(tasks=TASKS)
+    env.reset(options={"task_index": 0})
+    assert env.render() is None
