@@ -321,3 +321,53 @@ def test_factory_builds_the_engine_with_server_args(monkeypatch, fresh_runtime, 
     group.backend_kwargs = {"gpu_ids": [0, 1], "tp_size": 1}
     with pytest.raises(ValueError, match="must list tp_size=1"):
         make_sglang_backend(group)
+
+
+# -- the shared backend contract (tests/backends/contract.py) -------------------------------------------------
+
+from tests.backends.contract import BackendContract  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def contract_runtime(tiny_qwen3_path):
+    torch.set_num_threads(1)
+    return FakeRuntime(tiny_qwen3_path, random_seed=0)
+
+
+class TestSGLangEngineContract(BackendContract):
+    """The contract through a fake 0.5.23 engine: tensor sync inside the begin/end weight-update session."""
+
+    engine_cls = FakeEngine
+    weight_sync = "tensor"
+
+    @pytest.fixture
+    def make_backend(self, contract_runtime, tiny_qwen3_path, tiny_model_and_tokenizer):
+        reference, tok = tiny_model_and_tokenizer
+        made = []
+
+        def factory():
+            contract_runtime.model.load_state_dict(reference.state_dict())  # fresh weights, version 0
+            made.append(
+                SGLangEngineBackend(
+                    tiny_qwen3_path,
+                    engine=self.engine_cls(runtime=contract_runtime),
+                    tokenizer=tok,
+                    weight_sync=self.weight_sync,
+                    tensor_device="cpu",
+                    model_config=reference.config,
+                )
+            )
+            return made[-1]
+
+        yield factory
+        for b in made:
+            b.close()
+
+
+@pytest.mark.slow
+class TestSGLangEngineLegacyDiskContract(TestSGLangEngineContract):
+    """The contract through a pre-0.5.23 engine, syncing through update_weights_from_disk (slow: the same
+    generation path as above; the sync path alone is covered by the fast tests of this file)."""
+
+    engine_cls = FakeEngineLegacy
+    weight_sync = "disk"

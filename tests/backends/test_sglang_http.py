@@ -169,3 +169,36 @@ def test_launch_a_server_process_over_real_sockets(model_path):
     finally:
         backend.close()
     assert process.poll() is not None  # close() stopped the server it launched
+
+
+# -- the shared backend contract (tests/backends/contract.py) -------------------------------------------------
+
+from tests.backends.contract import BackendContract  # noqa: E402
+
+
+class TestSGLangHTTPContract(BackendContract):
+    """The contract over HTTP against the fake server (the ASGI app, in-process)."""
+
+    @pytest.fixture
+    def make_backend(self, runtime, tiny_qwen3_path, tiny_model_and_tokenizer, tmp_path):
+        reference, tok = tiny_model_and_tokenizer
+        made = []
+        with TestClient(make_app(runtime)) as client:
+
+            def factory():
+                runtime.model.load_state_dict(reference.state_dict())  # fresh weights, version 0
+                runtime.released = False
+                made.append(
+                    SGLangHTTPBackend(
+                        "http://testserver",
+                        client=client,
+                        tokenizer=tok,
+                        model_path=tiny_qwen3_path,
+                        weight_dir=tmp_path / f"w{len(made)}",
+                    )
+                )
+                return made[-1]
+
+            yield factory
+            for b in made:
+                b.close()
