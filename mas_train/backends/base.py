@@ -24,8 +24,10 @@ class SamplingParams:
 
     Attributes:
         max_new_tokens: cap on generated tokens (the completion may be shorter).
-        temperature: softmax temperature; ``0`` means greedy. Logprobs are those of the distribution actually
-            sampled from, i.e. ``log_softmax(logits / temperature)`` (greedy: temperature 1).
+        temperature: softmax temperature; ``0`` means greedy. Logprobs are ``log_softmax(logits / temperature)``
+            of the sampled token (greedy: temperature 1): the tempered distribution before top-p/top-k
+            truncation, which is what SGLang returns and what the trainer recomputes. With ``top_p=1`` and
+            ``top_k=0`` it is exactly the distribution sampled from.
         top_p: nucleus sampling mass in (0, 1]; ``1.0`` disables it.
         top_k: keep the k most likely tokens; ``0`` (or ``-1``) disables it.
         stop: stop strings. Generation ends as soon as the decoded completion contains one of them; the

@@ -324,7 +324,8 @@ class HFBackend:
             scaled = logits / scale
             logps = torch.log_softmax(scaled, dim=-1)
             draws = torch.stack([torch.rand((), generator=g, device=dev) for g in gens])
-            sampled = self._sample(scaled, logps, draws, top_k, top_p, greedy, truncate)
+            live = torch.tensor([f is None for f in finish], device=dev)
+            sampled = self._sample(scaled, logps, draws, top_k, top_p, greedy, truncate, live)
             sampled_lps = logps.gather(1, sampled[:, None])[:, 0].tolist()
             sampled = sampled.tolist()
             next_ids = []
@@ -368,6 +369,7 @@ class HFBackend:
         top_p: torch.Tensor,
         greedy: torch.Tensor,
         truncate: bool,
+        live: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token per row: argmax for greedy rows, else inverse-CDF sampling with the row's uniform draw.
 
@@ -376,20 +378,27 @@ class HFBackend:
             logps: (B, V) ``log_softmax(scaled)``.
             draws: (B,) uniforms in [0, 1), one per row from that row's own generator (per-request seeds).
             top_k / top_p: (B,) truncation settings (0 / 1.0 = off); greedy: (B,) bool.
+            live: (B,) bool, rows still generating (others get an arbitrary token); default all.
 
         Inverse CDF needs one random number per row; ``torch.multinomial`` with a generator costs ~30 ms per
         row on a 150k vocabulary, which dominated decoding.
         """
+        picked = scaled.argmax(dim=-1)
+        rows = ~greedy if live is None else ~greedy & live
+        if not bool(rows.any()):
+            return picked
+        # only rows that sample pay for the CDF over the vocabulary (finished rows ride along in the batch)
+        idx = rows.nonzero()[:, 0]
         if truncate:
-            probs = torch.softmax(HFBackend._truncate(scaled, top_k, top_p, greedy), dim=-1)
+            probs = torch.softmax(
+                HFBackend._truncate(scaled[idx], top_k[idx], top_p[idx], greedy[idx]), dim=-1
+            )
         else:
-            probs = logps.exp()
+            probs = logps[idx].exp()
         cdf = probs.double().cumsum(dim=-1)
         # right=True picks i with cdf[i-1] <= u < cdf[i], so a zero-probability token is never drawn
-        picked = torch.searchsorted(cdf, (draws.double() * cdf[:, -1])[:, None], right=True)[:, 0]
-        picked = picked.clamp(max=scaled.shape[-1] - 1)
-        if bool(greedy.any()):
-            picked = torch.where(greedy, scaled.argmax(dim=-1), picked)
+        drawn = torch.searchsorted(cdf, (draws[idx].double() * cdf[:, -1])[:, None], right=True)[:, 0]
+        picked[idx] = drawn.clamp(max=scaled.shape[-1] - 1)
         return picked
 
     @staticmethod
@@ -407,8 +416,10 @@ class HFBackend:
         """
         vocab = scaled.shape[-1]
         rows = ~greedy & ((top_k > 0) | (top_p < 1))
+        if not bool(rows.any()):
+            return scaled
         has_k = top_k > 0
-        k_max = int(top_k[rows].max()) if bool(rows.any()) else 0
+        k_max = int(top_k[rows].max())
         # rows with a top-k need only their k best; a top-p-only row starts from a 1024-token head
         head = k_max if bool((has_k | ~rows).all()) else max(k_max, 1024)
         while True:
