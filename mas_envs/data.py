@@ -133,6 +133,7 @@ def load_tasks(
     split: str = "train",
     fields: Mapping[str, str] | None = None,
     data_source: str | None = None,
+    id_field: str | None = None,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Load task rows from a bundled set name, a local file (JSONL, JSON, parquet, .gz) or a hub id.
@@ -145,6 +146,8 @@ def load_tasks(
         split: split to load for hub ids (files have a single split).
         fields: `{our field: source column}` mapping (see `normalize_rows`).
         data_source: `data_source` of the rows (default: bundled name / file stem / hub id).
+        id_field: column holding a unique row id (default: `id` when present, else
+            `"<data_source>/<row index>"`).
         limit: keep only the first `limit` rows.
 
     Returns:
@@ -182,4 +185,7 @@ def load_tasks(
         name = source
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    return normalize_rows(list(ds), fields=fields, data_source=data_source or name, id_prefix=name)
+    source_name = data_source or name
+    return normalize_rows(
+        list(ds), fields=fields, data_source=source_name, id_prefix=source_name, id_field=id_field
+    )

@@ -1,0 +1,120 @@
+r"""grade_math: the issue's grading table, extraction rules, and that it never raises and stays bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mas_envs.rewards import extract_boxed, grade_math, normalize_answer, strip_think
+
+CASES = [
+    (r"\boxed{\frac{2}{3}}", "2/3", True),
+    (r"\boxed{\frac12}", "1/2", True),
+    (r"\boxed{0.5}", r"\frac{1}{2}", True),
+    (r"\boxed{(1,2)}", "(1, 2)", True),
+    (r"\boxed{5\text{ cm}}", "5", True),
+    (r"\boxed{50\%}", "50", True),
+    (r"\boxed{\$5}", "5", True),
+    (r"\boxed{-0}", "0", True),
+    (r"\boxed{0.333}", r"\frac{1}{3}", False),
+    ("The answer is 4", "4", False),
+    ("", "4", False),
+    (r"<think>x \boxed{4}</think> so 5", "4", False),
+    (r"<think>reasoning \boxed{4}", "4", True),  # never closed: the whole text counts
+    (r"\boxed{7}", 7, True),
+    (r"\boxed{7}", 7.0, True),
+    # beyond the issue's table
+    (r"\boxed{70000}", "70,000", True),  # GSM8K golds keep thousands commas
+    (r"\boxed{3} then \boxed{4}", "4", True),  # the last box counts
+    (r"\boxed{3} then \boxed{4}", "3", False),
+    (r"\boxed{\dfrac{1}{2}}", r"\frac12", True),
+    (r"\boxed{x = 5}", "5", True),
+    (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\left( 3, \frac{\pi}{2} \right)", True),
+    (r"\boxed{2}", r"The answer is \boxed{2}.", True),  # a boxed gold is extracted
+    (r"\boxed{2}", ["1", "2"], True),  # any of several golds
+    (r"\boxed{4}", None, False),
+    (r"\boxed{4}", float("nan"), False),
+    (r"\boxed{}", "", False),
+    (r"\boxed{4", "4", False),  # unclosed box
+]
+
+
+@pytest.mark.parametrize(("response", "gold", "expected"), CASES, ids=[f"{r!r}->{g!r}" for r, g, _ in CASES])
+def test_grading_table(response, gold, expected):
+    assert grade_math(response, gold) is expected
+
+
+def test_non_str_response_is_false():
+    assert grade_math(None, "4") is False
+    assert grade_math(4, "4") is False
+
+
+@pytest.mark.parametrize(
+    ("text", "inner"),
+    [
+        (r"\boxed{a{b}c}", "a{b}c"),
+        (r"\boxed{1} \fbox{2}", "2"),
+        (r"\boxed 9 is it", "9"),
+        (r"\boxed{2} \boxed{3", "2"),  # an unbalanced last box falls back to an earlier one
+        ("no box", None),
+    ],
+)
+def test_extract_boxed(text, inner):
+    assert extract_boxed(text) == inner
+
+
+def test_strip_think_and_normalize():
+    assert strip_think("a</think>b</think>c") == "c"
+    assert strip_think("<think>open") == "<think>open"
+    assert normalize_answer(r" \left( 1,\!000 \right). ") == "(1,000)"  # not a bare number: comma kept
+    assert normalize_answer("1,000") == "1000" and normalize_answer("(1, 2)") == "(1,2)"
+
+
+def test_pathological_input_is_bounded_in_main_thread():
+    grade_math(
+        r"\boxed{1}", "2"
+    )  # start a worker first: its start-up (about 1 s) is not part of the deadline
+    t0 = time.monotonic()
+    assert grade_math(r"\boxed{9^{9^{9^{9}}}}", "5") is False  # SymPy would compute a 370-million-digit power
+    assert time.monotonic() - t0 < 5.0
+    assert grade_math(r"\boxed{\frac{1}{2}}", "0.5") is True  # the pool recovered after the kill
+
+
+def test_pathological_input_is_bounded_in_worker_threads():
+    results: dict[int, tuple[bool, float]] = {}
+
+    def grade(i: int, response: str, gold: str) -> None:
+        t0 = time.monotonic()
+        results[i] = (grade_math(response, gold), time.monotonic() - t0)
+
+    grade(-1, r"\boxed{1}", "2")  # warm one worker so start-up is not timed below
+    jobs = [(r"\boxed{10^{10^{10}}}", "5"), (r"\boxed{\frac{2}{4}}", "1/2"), (r"\boxed{(10^{10})!}", "1")]
+    threads = [threading.Thread(target=grade, args=(i, r, g)) for i, (r, g) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results[1][0] is True and results[0][0] is False and results[2][0] is False
+    # each call's deadline is 4 s once its worker is up; allow for the start-up of the extra workers
+    assert all(elapsed < 5.0 + 10.0 for _, elapsed in results.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                ["\\boxed{", "}", "{", "</think>", "<think>", "\\frac", "^", "\\fbox", "$", "1/2"]
+            ),
+            st.text(max_size=6),
+        ),
+        max_size=12,
+    ).map("".join),
+    st.one_of(st.text(max_size=8), st.integers(), st.floats(allow_nan=True), st.none()),
+)
+def test_never_raises(response, gold):
+    assert grade_math(response, gold) in (True, False)
