@@ -202,6 +202,8 @@ def test_searcher_without_a_query_runs_no_search():
     play(env, ["<verify>no</verify>", f"{THINK}<answer>Ulaanbaatar</answer>"])
     assert retriever.queries == [] and env.infos["searcher"]["invalid_action"] is True
     assert "No search was run: <answer> is not this agent's action." in env.observe("verifier")
+    play(env, ["<verify>yes</verify>", f"{THINK}<answer>Ulaanbaatar</answer>"])
+    assert env.infos["answerer"]["num_searches"] == 0
 
 
 def test_one_agent_format_reminder_truncation_and_transcript_order():

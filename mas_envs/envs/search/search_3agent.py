@@ -195,7 +195,9 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
     def _outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.task)
         for a in self.agents:
-            self.infos[a].update({"f1": f1, "answer": self.answer, "num_searches": len(self.history)})
+            self.infos[a].update(
+                {"f1": f1, "answer": self.answer, "num_searches": sum(1 for q, _ in self.history if q)}
+            )
         return Outcome(team_reward=em, success=em == 1.0)
 
     # --- prompts -----------------------------------------------------------------------------------------
