@@ -76,6 +76,20 @@ class _Worker:
 
 _idle: list[_Worker] = []
 _lock = threading.Lock()
+_inherited: list[_Worker] = []
+
+
+def _forget_parent_workers() -> None:
+    # A forked child (DataLoader, multiprocessing) must not talk to its parent's workers through the shared
+    # pipes; it keeps references only so their Popen objects are never collected (and waited on) here.
+    global _lock
+    _inherited.extend(_idle)
+    _idle.clear()
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_workers)
 
 
 @atexit.register

@@ -118,3 +118,21 @@ def test_pathological_input_is_bounded_in_worker_threads():
 )
 def test_never_raises(response, gold):
     assert grade_math(response, gold) in (True, False)
+
+
+def test_forked_child_grades_with_its_own_workers():
+    import os
+
+    from mas_envs.rewards import _worker
+
+    assert grade_math(r"\boxed{0.5}", "1/2")  # the parent now holds an idle worker
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must not reuse the parent's worker pipes
+        ok = not _worker._idle and _worker._inherited  # the parent's workers were set aside
+        ok = ok and grade_math(r"\boxed{\frac{3}{6}}", "1/2") and not grade_math(r"\boxed{2}", "1/2")
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+    assert grade_math(r"\boxed{\frac{2}{4}}", "0.5")  # the parent's worker still answers correctly
