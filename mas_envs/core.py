@@ -50,6 +50,7 @@ Then give the module an `env(**kwargs)` function (`wrap(MyEnv(**kwargs))`) and r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import string
 from collections.abc import Mapping, Sequence
@@ -212,6 +213,14 @@ def task_id_of(task: Mapping[str, Any]) -> str:
     return hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=16)
+def _load_shared(source: str) -> tuple[Mapping[str, Any], ...]:
+    # Many envs (G copies of every task group) name the same set: load and hold it once per process.
+    from mas_envs.data import load_tasks
+
+    return tuple(load_tasks(source))
+
+
 def wrap(env: TextAECEnv) -> OrderEnforcingWrapper:
     """Add PettingZoo's `OrderEnforcingWrapper` (errors on use before `reset`, on a missing `step`)."""
     return OrderEnforcingWrapper(env)
@@ -298,8 +307,9 @@ class TextAECEnv(AECEnv[str, str, str]):
         self.render_mode = render_mode
         self.stop_strings = {a: tuple(self.stop_strings.get(a, ())) for a in self.possible_agents}
         self._task_source = tasks if tasks is not None else self.default_tasks
-        self._tasks: list[dict[str, Any]] | None = (
-            [dict(t) for t in tasks] if tasks is not None and not isinstance(tasks, str) else None
+        # rows are copied at reset, so a caller's list can be shared by many envs without copying it here
+        self._tasks: Sequence[Mapping[str, Any]] | None = (
+            tasks if tasks is not None and not isinstance(tasks, str) else None
         )
         self._observation_spaces = {a: UnicodeText() for a in self.possible_agents}
         self._action_spaces = {
@@ -322,18 +332,22 @@ class TextAECEnv(AECEnv[str, str, str]):
         return self._action_spaces[agent]
 
     @property
-    def tasks(self) -> list[dict[str, Any]]:
-        """The env's own task list (loaded on first access when given by name or path)."""
+    def tasks(self) -> Sequence[Mapping[str, Any]]:
+        """The env's own task list (loaded on first access when given by name or path, once per process)."""
         if self._tasks is None:
             if self._task_source is None:
                 raise ValueError(
                     f"{type(self).__name__} has no task list: pass tasks=... to the constructor or "
                     'reset(options={"task": {...}})'
                 )
-            from mas_envs.data import load_tasks
-
-            self._tasks = load_tasks(self._task_source)
+            self._tasks = _load_shared(self._task_source)
         return self._tasks
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if isinstance(self._task_source, str):
+            state["_tasks"] = None  # reloaded (from the per-process cache) on first use: keeps pickles small
+        return state
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Start an episode; see the module docstring for how the task is chosen.

@@ -217,3 +217,19 @@ def test_render_none_without_ansi_mode():
     env = RelayEnv(tasks=TASKS)
     env.reset(options={"task_index": 0})
     assert env.render() is None
+
+
+def test_named_task_sets_are_loaded_once_per_process_and_not_pickled():
+    a, b = RelayEnv(tasks="gsm8k-test"), RelayEnv(tasks="gsm8k-test")
+    a.reset(seed=0)
+    b.reset(seed=0)
+    assert a.tasks is b.tasks and len(a.tasks) == 1319
+    blob = pickle.dumps(a)
+    assert len(blob) < 50_000  # the 1319 rows (~780 kB) are reloaded from the cache, not pickled
+    c = pickle.loads(blob)
+    assert c.task_id == a.task_id and c.tasks is a.tasks
+    given = list(TASKS)
+    d = RelayEnv(tasks=given)
+    d.reset(options={"task_index": 0})
+    d.task["question"] = "changed"
+    assert given[0]["question"] == "say 0"  # the episode's row is a copy
