@@ -20,7 +20,7 @@ import select
 import subprocess
 import sys
 import threading
-import time
+import warnings
 
 _START_TIMEOUT_S = 60.0
 _MAX_IDLE = 8
@@ -122,17 +122,31 @@ def _give_back(w: _Worker) -> None:
     w.kill()
 
 
+_processes_ok = os.name == "posix"  # the pool reads replies with select() on pipes
+
+
 def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
     """Whether math-verify finds `pred` equivalent to any of `golds`, decided within `timeout` seconds.
 
     Returns `False` on a timeout or a worker failure. Waiting for a fresh worker to start is not counted.
+    Where worker processes are unavailable (not POSIX, or one failed to start) the comparison runs in a
+    daemon thread with the same deadline, which bounds the caller's wait but cannot stop C-level work.
     """
+    global _processes_ok
+    if not _processes_ok:
+        return _in_thread(pred, golds, timeout)
     w = _borrow()
     if not w.wait_ready():
         w.kill()
-        return False
-    t0 = time.monotonic()
-    ok = w.ask(pred, golds, timeout - (time.monotonic() - t0))
+        _processes_ok = False
+        warnings.warn(
+            "mas_envs: the math grading worker process did not start; grading falls back to threads, "
+            "which cannot stop a runaway SymPy computation",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return _in_thread(pred, golds, timeout)
+    ok = w.ask(pred, golds, timeout)
     if ok is None:
         w.kill()
         return False
@@ -140,30 +154,48 @@ def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
     return ok
 
 
-def _serve() -> None:
+def _in_thread(pred: str, golds: list[str], timeout: float) -> bool:
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(_compare(pred, golds)), daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(result and result[0])
+
+
+def _compare(pred: str, golds: list[str]) -> bool:
+    """math-verify equivalence of `pred` with any gold, all parsed as LaTeX math; no timeout of its own."""
     import logging
 
     from math_verify import parse, verify
 
-    # math-verify warns once that its own timeout is off: the parent's deadline replaces it.
+    # math-verify warns once that its own (signal-based) timeout is off: the caller's deadline replaces it.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
-    def as_latex(s: str):
+    def as_latex(s: str) -> list:
         return parse(f"${s}$", parsing_timeout=None) or parse(s, parsing_timeout=None)
+
+    try:
+        target = as_latex(pred)
+        if not target:
+            return False
+        for g in golds:
+            gold = as_latex(g)
+            if gold and verify(gold, target, timeout_seconds=None):
+                return True
+    except Exception:  # noqa: BLE001  (any parse/compare failure means "not shown equivalent")
+        return False
+    return False
+
+
+def _serve() -> None:
+    import math_verify  # noqa: F401  (import before "ready", so start-up is not charged to a request)
 
     print("ready", flush=True)
     for line in sys.stdin:
-        ok = False
         try:
             req = json.loads(line)
-            pred = as_latex(req["pred"])
-            if pred:
-                for g in req["golds"]:
-                    gold = as_latex(g)
-                    if gold and verify(gold, pred, timeout_seconds=None):
-                        ok = True
-                        break
-        except Exception:  # noqa: BLE001  (any parse/compare failure means "not shown equivalent")
+            ok = _compare(req["pred"], req["golds"])
+        except Exception:  # noqa: BLE001  (a malformed request is answered, never fatal)
             ok = False
         print(json.dumps({"ok": ok}), flush=True)
 

@@ -120,6 +120,7 @@ def test_never_raises(response, gold):
     assert grade_math(response, gold) in (True, False)
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_forked_child_grades_with_its_own_workers():
     import os
 
@@ -136,3 +137,21 @@ def test_forked_child_grades_with_its_own_workers():
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
     assert grade_math(r"\boxed{\frac{2}{4}}", "0.5")  # the parent's worker still answers correctly
+
+
+def test_thread_fallback_when_worker_processes_are_unavailable(monkeypatch):
+    from mas_envs.rewards import _worker
+
+    monkeypatch.setattr(_worker, "_processes_ok", False)
+    assert grade_math(r"\boxed{\frac{4}{8}}", "0.5") is True
+    assert grade_math(r"\boxed{0.51}", "0.5") is False
+
+
+def test_worker_that_cannot_start_falls_back_with_a_warning(monkeypatch):
+    from mas_envs.rewards import _worker
+
+    monkeypatch.setattr(_worker, "_processes_ok", True)  # restored after the test
+    monkeypatch.setattr(_worker._Worker, "wait_ready", lambda self: False)
+    with pytest.warns(RuntimeWarning, match="did not start"):
+        assert _worker.equivalent("0.5", ["1/2"], 4.0) is True
+    assert _worker._processes_ok is False
