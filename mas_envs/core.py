@@ -45,7 +45,7 @@ and implements these methods (all called by the base class; none of them touches
   `conformance_kwargs()` (constructor kwargs for those checks, e.g. a stub retriever).
 
 Then give the module an `env(**kwargs)` function (`wrap(MyEnv(**kwargs))`) and register it (see
-`mas_envs.registration`). `examples/custom_env.py` is a complete 40-line example.
+`mas_envs.registration`). `examples/custom_env.py` is a complete, runnable example.
 """
 
 from __future__ import annotations
