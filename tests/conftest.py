@@ -1,4 +1,4 @@
-"""Session-wide test setup: no network, and the tiny Qwen3 test model shared by every test that needs one.
+"""Session-wide test setup: no network, one torch thread, and the tiny Qwen3 test model shared by every test that needs one.
 
 Fixtures:
     tiny_qwen3_path: folder of the builtin ``"tiny-qwen3"`` model (random-init 2-layer Qwen3 + the real Qwen
@@ -16,6 +16,9 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# One intra-op thread unless told otherwise: the test models are tiny, and on a loaded 2-core box two OpenMP
+# threads per process oversubscribe badly (SmolLM2 decoding measured 4 tok/s with 2 threads vs 27 with 1).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

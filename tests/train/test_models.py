@@ -184,29 +184,28 @@ def test_smollm2_end_to_end_with_chat_template():
     print(f"first load {load_s:.1f} s")
 
     messages = [
-        {"role": "system", "content": "Reply with a verdict inside <verify></verify> tags."},
-        {"role": "user", "content": "Is 2 + 2 = 4 correct? Answer yes or no."},
+        {
+            "role": "user",
+            "content": "Is 2 + 2 = 4 correct? Reply exactly like this: <verify>yes</verify> or <verify>no</verify>.",
+        }
     ]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert text.endswith("<|im_start|>assistant\n")
     # prefill the opening tag so a 135M model reliably closes it
     prompt = tok.encode(text + "<verify>", add_special_tokens=False)
     backend = HFBackend(model, tok)
-    out = backend.generate([prompt], SamplingParams(max_new_tokens=32, temperature=0.0, stop=("</verify>",)))[
-        0
-    ]
+    greedy = SamplingParams(max_new_tokens=32, temperature=0.0, stop=("</verify>",))
+    out = backend.generate([prompt], greedy)[0]
     completion = tok.decode(out.completion_ids)
     assert out.finish_reason == "stop" and out.stop_string == "</verify>", completion
     assert completion.endswith("</verify>") and "</verify>" not in tok.decode(out.completion_ids[:-1])
     expected = teacher_forced_logprobs(model, prompt, out.completion_ids, 0.0)
     assert max(abs(a - b) for a, b in zip(out.logprobs, expected, strict=True)) < 1e-3
 
-    chat = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": "Say hi."}], tokenize=False, add_generation_prompt=True
-        )
-    ]
-    out = backend.generate(
-        [tok.encode(c, add_special_tokens=False) for c in chat], SamplingParams(max_new_tokens=48, seed=0)
-    )[0]
-    assert out.finish_reason == "length" or out.completion_ids[-1] == tok.eos_token_id
+    # left padding on a real model: the same prompt batched after a longer one gives the same greedy tokens
+    story = [{"role": "user", "content": "Write a long story about a cat who learns arithmetic. " * 3}]
+    other = tok.encode(tok.apply_chat_template(story, tokenize=False, add_generation_prompt=True))
+    batched = backend.generate([other, prompt], greedy)
+    assert batched[1].completion_ids == out.completion_ids
+    assert len(batched[0].completion_ids) > 0
