@@ -199,8 +199,8 @@ class HFBackend:
         problems: list[str] = []
         for name, tensor in items:
             key = name
-            for prefix in _NAME_PREFIXES:
-                key = key.removeprefix(prefix)
+            while key.startswith(_NAME_PREFIXES):  # wrappers nest in any order (compiled DDP module, ...)
+                key = key.split(".", 1)[1]
             dst = targets.get(key)
             if dst is None:
                 problems.append(f"unknown tensor {name!r}")

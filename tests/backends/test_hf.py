@@ -11,7 +11,7 @@ import torch
 from mas_train.backends import make_backend as make_backend_by_name
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
-from tests.backends.contract import BackendContract, chat_prompt, reference_greedy
+from tests.backends.contract import BackendContract, chat_prompt, reference_greedy, teacher_forced_logprobs
 
 
 class TestHFBackend(BackendContract):
@@ -102,9 +102,22 @@ def test_update_weights_strips_wrapper_prefixes_and_casts(model_tok):
     model, tok = model_tok
     backend = HFBackend(model, tok)
     ones = torch.ones(64, dtype=torch.float64)
-    assert backend.update_weights([("module._orig_mod.model.norm.weight", ones * 2)]) == 1
+    assert backend.update_weights([("_orig_mod.module.model.norm.weight", ones * 2)]) == 1
     assert backend.model.model.norm.weight.dtype == torch.float32
     assert torch.equal(backend.model.model.norm.weight, torch.full((64,), 2.0))
+
+
+def test_private_copy_in_bfloat16(model_tok):
+    model, tok = model_tok
+    backend = HFBackend(model, tok, dtype=torch.bfloat16)
+    assert (
+        backend.model.lm_head.weight.dtype == torch.bfloat16 and model.lm_head.weight.dtype == torch.float32
+    )
+    prompt = chat_prompt(tok, "What is 2 + 3?")
+    out = backend.generate([prompt], SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))[0]
+    assert len(out.logprobs) == 4 and all(lp <= 0 for lp in out.logprobs)
+    expected = teacher_forced_logprobs(backend.model, prompt, out.completion_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(out.logprobs, expected, strict=True)) < 0.1  # bf16 noise
 
 
 def test_bad_requests_raise(model_tok):
