@@ -318,24 +318,25 @@ class HFBackend:
         out_lps: list[list[float]] = [[] for _ in range(b)]
         finish: list[str | None] = [None] * b
         stop_hit: list[str | None] = [None] * b
+        rows = list(range(b))  # batch position -> request index; finished rows leave the batch
         cache = None
         for _ in range(max(sp.max_new_tokens for sp in params)):
             logits, cache = self._forward(ids, mask, pos, cache)
             scaled = logits / scale
             logps = torch.log_softmax(scaled, dim=-1)
-            draws = torch.stack([torch.rand((), generator=g, device=dev) for g in gens])
-            live = torch.tensor([f is None for f in finish], device=dev)
+            draws = torch.stack([torch.rand((), generator=gens[i], device=dev) for i in rows])
+            live = torch.tensor([finish[i] is None for i in rows], device=dev)
             sampled = self._sample(scaled, logps, draws, top_k, top_p, greedy, truncate, live)
             sampled_lps = logps.gather(1, sampled[:, None])[:, 0].tolist()
             sampled = sampled.tolist()
             next_ids = []
-            for i in range(b):
+            for j, i in enumerate(rows):
                 if finish[i] is not None:
-                    next_ids.append(self.pad_token_id)  # finished rows ride along; their outputs are ignored
+                    next_ids.append(self.pad_token_id)  # rides along when the cache cannot drop rows
                     continue
-                tok = sampled[i]
+                tok = sampled[j]
                 out_ids[i].append(tok)
-                out_lps[i].append(sampled_lps[i])
+                out_lps[i].append(sampled_lps[j])
                 next_ids.append(tok)
                 if tok in self.eos_token_ids:
                     finish[i] = "stop"
@@ -343,11 +344,19 @@ class HFBackend:
                     finish[i], stop_hit[i] = "stop", hit
                 elif len(out_ids[i]) >= params[i].max_new_tokens:
                     finish[i] = "length"
-            if all(f is not None for f in finish):
+            keep = [j for j, i in enumerate(rows) if finish[i] is None]
+            if not keep:
                 break
             ids = torch.tensor(next_ids, dtype=torch.long, device=dev)[:, None]
-            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
             pos = pos[:, -1:] + 1
+            if len(keep) < len(rows) and hasattr(cache, "batch_select_indices"):
+                # Drop finished rows (KV cache included): in RL rollouts rows stop at very different lengths.
+                sel = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(sel)
+                ids, mask, pos = ids[sel], mask[sel], pos[sel]
+                scale, top_k, top_p, greedy = scale[sel], top_k[sel], top_p[sel], greedy[sel]
+                rows = [rows[j] for j in keep]
         return [
             GenerationOutput(
                 completion_ids=out_ids[i],

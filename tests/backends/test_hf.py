@@ -229,3 +229,14 @@ def test_make_backend_factory(model_tok):
         make_backend_by_name("vllm", model, tok)
     with pytest.raises(ValueError, match="needs model= and tokenizer="):
         make_backend_by_name("hf")
+
+
+def test_rows_finishing_early_leave_the_batch_without_disturbing_others(model_tok):
+    """Finished rows are dropped from the batch and KV cache; the remaining rows keep their own state."""
+    model, tok = model_tok
+    prompts = [chat_prompt(tok, q) for q in ("a", "What is 2 + 3?", "Solve 3x + 7 = 22 step by step.")]
+    lengths = [2, 8, 5]
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0) for n in lengths]
+    outs = HFBackend(model, tok).generate(prompts, params)
+    for prompt, n, out in zip(prompts, lengths, outs, strict=True):
+        assert out.completion_ids == reference_greedy(model, prompt, n)
