@@ -9,7 +9,9 @@ instead of ``model.generate``, for three reasons:
 * the logprob of each sampled token is taken from exactly the logits it was sampled from, with no hidden
   processors (``generate`` merges the checkpoint's ``generation_config``, e.g. a repetition penalty, into the
   sampling distribution without telling the caller);
-* stop strings end a row at the token that completes them and the finish reason says which one.
+* stop strings end a row at the token that completes them and the finish reason says which one;
+* a finished row leaves the batch (and the KV cache) at once, so one long completion does not make the
+  others pay for padding steps.
 
 Logprobs are ``log_softmax(logits / temperature)[token]`` (natural log, fp32; greedy: temperature 1), the
 quantity TRL's trainer recomputes and SGLang returns, so importance ratios compare like with like. Top-p/top-k
@@ -58,17 +60,21 @@ class HFBackend:
             ``position_ids`` and a KV cache).
         tokenizer: its tokenizer; used for the pad/EOS ids and to detect stop strings (decoding only; the
             returned ids are never re-tokenised).
-        device: where generation runs; default: the model's device.
+        device: where the private copy generates; default: the model's device.
         share_model: ``False`` (default) generates with a private deep copy of ``model`` that only
             :meth:`update_weights` changes, like a real inference engine: a forgotten or wrong weight sync shows
             up as stale outputs in tests instead of being hidden. It costs one more copy of the weights.
             ``True`` generates with ``model`` itself (no extra memory; :meth:`update_weights` then only bumps the
             version when the tensors are the model's own, and copies them otherwise).
-        dtype: dtype of the private copy (e.g. ``torch.bfloat16`` to sample faster on GPU); ignored when sharing.
+        dtype: dtype of the private copy (e.g. ``torch.bfloat16`` to sample faster on GPU).
         max_batch_size: most prompts per forward pass (caps KV-cache memory); ``None`` = all at once.
         seed: seeds the per-request seeds of requests that have none, so a run is reproducible as a whole.
         eos_token_ids: ids that end generation; default: the tokenizer's EOS plus the model's
             ``generation_config.eos_token_id`` (e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``).
+
+    Raises:
+        ValueError: ``max_batch_size < 1``; ``device``/``dtype`` given with ``share_model=True``; a tokenizer
+            with neither pad nor EOS token.
 
     Requests are sorted by prompt length, split into batches of at most ``max_batch_size``, left-padded, and
     decoded until every row has finished (EOS, stop string or its own ``max_new_tokens``).
@@ -88,9 +94,15 @@ class HFBackend:
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
-        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        model_device = next(model.parameters()).device
+        self.device = torch.device(device) if device is not None else model_device
         self.share_model = bool(share_model)
         if share_model:
+            if self.device != model_device or dtype is not None:
+                raise ValueError(
+                    "share_model=True samples with the model as it is: device= and dtype= only apply to the "
+                    f"private copy (model is on {model_device}); drop them or use share_model=False"
+                )
             self._model = model
         else:
             self._model = copy.deepcopy(model).to(self.device)

@@ -129,6 +129,8 @@ def test_bad_requests_raise(model_tok):
         backend.generate([[151669]], SamplingParams(max_new_tokens=1))
     with pytest.raises(ValueError, match="max_batch_size"):
         HFBackend(model, tok, max_batch_size=0)
+    with pytest.raises(ValueError, match="only apply to the private copy"):
+        HFBackend(model, tok, share_model=True, dtype=torch.bfloat16)
     assert backend.generate([], SamplingParams()) == []
 
 
