@@ -98,6 +98,8 @@ def grpo_args(
         gradient_accumulation_steps=1,
         dataloader_num_workers=0,
     )
+    if "gradient_checkpointing" in grpo_kwargs:  # the deprecated alias; do not pass both names
+        kwargs.pop("activation_checkpointing")
     kwargs.update(grpo_kwargs)
     return GRPOConfig(**kwargs)
 
