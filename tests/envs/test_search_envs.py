@@ -173,7 +173,9 @@ def test_remote_retriever_to_a_dead_server_becomes_an_error_observation():
     obs = env.observe("agent")
     assert "<information>Search error: RetrieverUnavailableError: retrieval failed after 2 attempts" in obs
     assert env.agent_selection == "agent" and not env.truncations["agent"]
-    pickle.loads(pickle.dumps(env))  # the HTTP client is rebuilt on unpickling
+    copy = pickle.loads(pickle.dumps(env))  # the HTTP client is rebuilt on unpickling
+    copy.retriever.close()
+    env.retriever.close()
 
 
 def test_prompts_what_each_agent_sees():

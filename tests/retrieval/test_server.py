@@ -115,8 +115,9 @@ def test_remote_retriever_round_trip_and_round_robin(retriever):
             assert hits[0][0].title == "Ulaanbaatar" and hits[0][0].score == pytest.approx(
                 retriever.search(["capital of Mongolia"], 1)[0][0].score
             )
-        with pytest.raises(ValueError, match="HTTP 422"):
-            RemoteRetriever(server.url).search(["x"], topk=10_000)
+        remote.close()
+        with RemoteRetriever(server.url) as other, pytest.raises(ValueError, match="HTTP 422"):
+            other.search(["x"], topk=10_000)
 
 
 def test_killed_server_fails_clearly_after_retries(retriever):
@@ -126,6 +127,7 @@ def test_killed_server_fails_clearly_after_retries(retriever):
     started = time.monotonic()
     with pytest.raises(RetrieverUnavailableError, match=r"after 3 attempts over 1 URL\(s\).*mas-index serve"):
         remote.search(["Nile"], 1)
+    remote.close()
     assert time.monotonic() - started >= 0.05 + 0.1  # back-off 0.05 s then 0.1 s between the rounds
 
 
@@ -149,3 +151,7 @@ def test_env_with_a_url_string_searches_through_the_server(retriever):
             "<information>Doc 1(Title: Ulaanbaatar) Ulaanbaatar is the capital of Mongolia."
             in env.observe("agent")
         )
+    from mas_envs.envs.search import common
+
+    common.resolve_retriever(server.url).close()  # the process-wide client made from the URL string
+    common._cached_retriever.cache_clear()
