@@ -15,9 +15,13 @@ counts as not equivalent.
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
+
+import numpy as np
 
 __all__ = ["GRADE_TIMEOUT_S", "extract_boxed", "grade_math", "normalize_answer", "strip_think"]
 
@@ -27,6 +31,8 @@ GRADE_TIMEOUT_S = 4.0
 MAX_SYMPY_CHARS = 400
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+_BRACE_RE = re.compile(r"[{}]")
+_TOKEN_RE = re.compile(r"[^\s$]+")
 
 
 def strip_think(text: str) -> str:
@@ -39,23 +45,30 @@ def extract_boxed(text: str) -> str | None:
     r"""Contents of the last `\boxed{...}` / `\fbox{...}` in `text` (braces matched), else `None`.
 
     `\boxed 5` (no braces, one token) is accepted too, as in Hendrycks' MATH solutions. An unclosed
-    `\boxed{` does not count.
+    `\boxed{` does not count (an earlier, balanced box does). Linear time in `len(text)`, so degenerate
+    output (a model repeating `\boxed{` for a megabyte) costs milliseconds, not minutes.
     """
-    for m in reversed(list(_BOX_RE.finditer(text))):
+    boxes = list(_BOX_RE.finditer(text))
+    if not boxes:
+        return None
+    # One pass pairs every `{` with its `}`: the same pairing as counting depth from each box's `{`, but
+    # without rescanning the rest of the text for every unclosed box.
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for b in _BRACE_RE.finditer(text, boxes[0].end()):
+        if b.group() == "{":
+            stack.append(b.start())
+        elif stack:
+            closing[stack.pop()] = b.start()
+    for m in reversed(boxes):
         j = m.end()
         if j < len(text) and text[j] == "{":
-            depth = 0
-            for k in range(j, len(text)):
-                c = text[k]
-                if c == "{":
-                    depth += 1
-                elif c == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[j + 1 : k]
+            k = closing.get(j)
+            if k is not None:
+                return text[j + 1 : k]
             continue  # unbalanced: try an earlier box
         if m.group(0).endswith((" ", "\t")):
-            token = re.match(r"[^\s$]+", text[j:])
+            token = _TOKEN_RE.match(text, j)
             if token:
                 return token.group(0)
     return None
@@ -93,16 +106,36 @@ def normalize_answer(s: str) -> str:
     return s
 
 
+def _number_string(x: numbers.Real | Decimal) -> str | None:
+    # Positional notation: repr(1e20) is "1e+20", which LaTeX parsing reads as 1*e + 20. `str` (not
+    # `float(x)`) keeps a float32's short form: str(np.float32(0.1)) is "0.1", float() makes it 0.10000000149.
+    try:
+        d = x if isinstance(x, Decimal) else Decimal(str(x))
+    except ArithmeticError:
+        return None
+    if not d.is_finite():
+        return None
+    # positional only while it stays short: format(Decimal("1e999999999"), "f") is a gigabyte
+    return format(d, "f") if -40 <= d.adjusted() <= MAX_SYMPY_CHARS else str(d)
+
+
 def _gold_strings(gold: Any) -> list[str]:
-    if isinstance(gold, bool) or gold is None:
+    if gold is None or isinstance(gold, (bool, np.bool_)):
         return []
-    if isinstance(gold, int):
-        return [str(gold)]
-    if isinstance(gold, float):
-        return [repr(gold)] if gold == gold and abs(gold) != float("inf") else []
     if isinstance(gold, str):
         boxed = extract_boxed(gold) if "\\boxed" in gold or "\\fbox" in gold else None
         return [boxed if boxed is not None else gold]
+    if isinstance(gold, (bytes, bytearray)):
+        return _gold_strings(bytes(gold).decode("utf-8", "replace"))
+    if isinstance(gold, numbers.Integral):
+        return [str(int(gold))]
+    if isinstance(gold, numbers.Rational):
+        return [f"{gold.numerator}/{gold.denominator}"]
+    if isinstance(gold, (numbers.Real, Decimal)):
+        s = _number_string(gold)
+        return [s] if s is not None else []
+    if isinstance(gold, np.ndarray):  # e.g. golden_answers of a parquet file read through pandas
+        return _gold_strings(gold.tolist())
     if isinstance(gold, Sequence):
         return [s for g in gold for s in _gold_strings(g)]
     return []
@@ -113,8 +146,9 @@ def grade_math(response: Any, gold: Any) -> bool:
 
     Args:
         response: the model's text. Anything that is not a `str` grades `False`.
-        gold: the gold answer: a `str` (LaTeX or plain; a `\boxed{}` inside it is extracted), an `int` or
-            `float`, or a list of acceptable answers (any match counts).
+        gold: the gold answer: a `str` (LaTeX or plain; a `\boxed{}` inside it is extracted; `bytes` are
+            decoded as UTF-8), a number (`int`, `float`, NumPy scalar, `Fraction`, `Decimal`), or a list /
+            tuple / NumPy array of acceptable answers (any match counts). `None`, `bool` and NaN never match.
 
     Returns:
         `True` when equivalent. Never raises; returns within about `GRADE_TIMEOUT_S` seconds.

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from decimal import Decimal
+from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,6 +43,18 @@ CASES = [
     (r"\boxed{4}", float("nan"), False),
     (r"\boxed{}", "", False),
     (r"\boxed{4", "4", False),  # unclosed box
+    # golds as other number types (pandas / NumPy rows, exact arithmetic)
+    (r"\boxed{7}", np.int64(7), True),
+    (r"\boxed{7}", np.float32(7.0), True),
+    (r"\boxed{0.1}", np.float32(0.1), True),
+    (r"\boxed{\frac{1}{2}}", Fraction(1, 2), True),
+    (r"\boxed{0.5}", Decimal("0.50"), True),
+    (r"\boxed{100000000000000000000}", 1e20, True),  # repr is "1e+20", which LaTeX reads as 1*e + 20
+    (r"\boxed{0.00001}", 1e-5, True),
+    (r"\boxed{2}", np.array(["1", "2"], dtype=object), True),  # golden_answers read by pandas
+    (r"\boxed{52}", b"4", False),  # bytes are text, not a sequence of code points (ord("4") == 52)
+    (r"\boxed{4}", b"4", True),
+    (r"\boxed{4}", np.bool_(True), False),
 ]
 
 
@@ -155,3 +170,27 @@ def test_worker_that_cannot_start_falls_back_with_a_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="did not start"):
         assert _worker.equivalent("0.5", ["1/2"], 4.0) is True
     assert _worker._processes_ok is False
+
+
+@pytest.mark.parametrize(
+    ("text", "inner"),
+    [
+        ("\\boxed{" * 100_000, None),  # degenerate repetition: 700 kB of unclosed boxes
+        ("\\boxed{4}" + "\\boxed{" * 100_000, "4"),  # ... after a real answer
+        ("\\boxed $" * 100_000 + "\\boxed 7", "7"),
+        ("\\boxed{" + "{" * 300_000 + "}" * 300_000 + "}", "{" * 300_000 + "}" * 300_000),
+    ],
+    ids=["unclosed", "unclosed-after-answer", "braceless", "deep"],
+)
+def test_extract_boxed_is_linear_on_degenerate_output(text, inner):
+    # Scanning to the end from every unclosed box was quadratic: 70 kB of "\boxed{" took ~90 s.
+    t0 = time.monotonic()
+    assert extract_boxed(text) == inner
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_grade_math_on_a_megabyte_of_unclosed_boxes_is_fast():
+    t0 = time.monotonic()
+    assert grade_math("\\boxed{4}" + "\\boxed{" * 150_000, "4") is True
+    assert grade_math("\\boxed{" * 150_000, "4") is False
+    assert time.monotonic() - t0 < 5.0
