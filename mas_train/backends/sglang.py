@@ -105,24 +105,29 @@ def _earliest_stop(
 ) -> tuple[int, str] | None:
     """Index ``i`` of the first token after which the decoded completion contains a stop string, and that string.
 
-    Decodes growing prefixes, which is O(T^2) in the worst case but T is a few hundred tokens and this only
-    runs when stop strings are set; it guards against servers that let generation run past a stop string
-    (e.g. a stop string that ends inside a multi-character token in an older SGLang).
+    Guards against servers that let generation run past a stop string (e.g. one that ends inside a
+    multi-character token in an older SGLang). Containing a stop string is monotone in the prefix length, so
+    after one full decode (the common no-stop case) a binary search needs O(log T) more decodes.
     """
-    if not stops or tokenizer is None:
+    if not stops or tokenizer is None or not completion_ids:
         return None
-    longest = max(len(s) for s in stops)
-    prev_len = 0
-    for i in range(len(completion_ids)):
-        text = tokenizer.decode(list(completion_ids[: i + 1]), skip_special_tokens=False)
-        # only the new tail (plus overlap for a stop string straddling tokens) can hold a new match
-        window = text[max(0, prev_len - longest) :]
-        prev_len = len(text)
-        hits = [s for s in stops if s in window]
-        if hits:
-            # several may complete on the same token: report the one that appears first in the text
-            return i, min(hits, key=lambda s: text.find(s))
-    return None
+
+    def hit(n: int) -> list[str]:
+        text = tokenizer.decode(list(completion_ids[:n]), skip_special_tokens=False)
+        return [s for s in stops if s in text]
+
+    if not hit(len(completion_ids)):
+        return None
+    lo, hi = 1, len(completion_ids)  # invariant: prefix hi contains a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hit(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    text = tokenizer.decode(list(completion_ids[:hi]), skip_special_tokens=False)
+    # several may complete on the same token: report the one that appears first in the text
+    return hi - 1, min(hit(hi), key=text.find)
 
 
 def parse_sglang_output(
@@ -182,6 +187,10 @@ def parse_sglang_output(
     elif finish is not None and not isinstance(finish, Mapping):
         raise RuntimeError(f"unexpected SGLang finish_reason {finish!r}; expected a dict with 'type'")
 
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if finish_reason == "length" and ids and eos is not None and ids[-1] == eos:
+        # SGLang checks the length cap before EOS, so an EOS on the last allowed token reads "length"
+        finish_reason = "stop"
     cut = _earliest_stop(ids, sampling.stop, tokenizer)
     if cut is not None:
         i, s = cut

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -89,6 +90,10 @@ def test_parse_triples_eos_and_finish():
         parse_sglang_output(length, SamplingParams(max_new_tokens=3), weight_version=0).finish_reason
         == "length"
     )
+    # SGLang tests the length cap before EOS; an EOS on the last allowed token still ended the turn
+    tok = types.SimpleNamespace(eos_token_id=151645, decode=lambda ids, **kw: "")
+    g = parse_sglang_output(length, SamplingParams(max_new_tokens=3), weight_version=0, tokenizer=tok)
+    assert g.finish_reason == "stop" and g.completion_ids[-1] == 151645
 
 
 def test_parse_rejects_malformed_answers():
