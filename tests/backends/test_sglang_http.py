@@ -151,6 +151,7 @@ def test_unreachable_server_fails_fast_with_a_clear_error():
     backend.close()
 
 
+@pytest.mark.slow
 def test_launch_a_server_process_over_real_sockets(model_path):
     """``SGLangHTTPBackend.launch`` with the fake standing in for ``sglang.launch_server`` (same flags)."""
     port = _free_port()
