@@ -6,9 +6,12 @@ process can. Each worker is this file run as a script (`python -P -u _worker.py`
 `mas_envs` and works however the parent was started. Protocol: one JSON line per request
 `{"pred": str, "golds": [str, ...]}` on stdin, one JSON line `{"ok": bool}` on stdout.
 
-The parent keeps a small pool of idle workers (one per concurrently grading thread). A worker that misses
-the deadline is killed; the comparison counts as not equivalent. A worker's start-up (about 1 s to import
-SymPy) is not part of the deadline: `prestart()` starts one ahead of time.
+The parent keeps a pool of at most `MAX_WORKERS` workers (one per usable CPU, 2 to 8), shared by all threads;
+a thread that finds none idle waits for one, since more SymPy processes than cores only slow every call down
+(twelve threads that each started a worker took ~15 s a call on two cores). A worker that misses the deadline
+is killed and the comparison counts as not equivalent; a request still unanswered after `_SPARE_AFTER_S`
+starts a spare worker, so the call after a timeout finds one ready instead of paying a start-up. A worker's
+start-up (about 1 s to import SymPy) is not part of the deadline: `prestart()` starts one ahead of time.
 """
 
 from __future__ import annotations
@@ -23,7 +26,18 @@ import threading
 import warnings
 
 _START_TIMEOUT_S = 60.0
-_MAX_IDLE = 8
+# A request not answered by then may well time out: start its replacement now, while it still runs.
+_SPARE_AFTER_S = 0.5
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 2
+
+
+MAX_WORKERS = max(2, min(8, _usable_cpus()))
 
 
 class _Worker:
@@ -56,10 +70,16 @@ class _Worker:
         try:
             self.proc.stdin.write(json.dumps({"pred": pred, "golds": golds}) + "\n")
             self.proc.stdin.flush()
-            line = self._readline(timeout)
+            line = self._readline(min(timeout, _SPARE_AFTER_S))
+            if line is None and timeout > _SPARE_AFTER_S and self.proc.poll() is None:
+                prestart()  # this one may be killed soon: have the next call's worker warm by then
+                line = self._readline(timeout - _SPARE_AFTER_S)
             return None if line is None else bool(json.loads(line)["ok"])
         except (OSError, ValueError, KeyError):
             return None
+
+    def dead(self) -> bool:
+        return self.proc.poll() is not None
 
     def kill(self) -> None:
         try:
@@ -75,17 +95,19 @@ class _Worker:
 
 
 _idle: list[_Worker] = []
-_lock = threading.Lock()
+_live = 0  # workers started and not yet discarded: idle, busy or starting
+_cond = threading.Condition()
 _inherited: list[_Worker] = []
 
 
 def _forget_parent_workers() -> None:
     # A forked child (DataLoader, multiprocessing) must not talk to its parent's workers through the shared
     # pipes; it keeps references only so their Popen objects are never collected (and waited on) here.
-    global _lock
+    global _cond, _live
     _inherited.extend(_idle)
     _idle.clear()
-    _lock = threading.Lock()
+    _live = 0
+    _cond = threading.Condition()
 
 
 if hasattr(os, "register_at_fork"):
@@ -94,32 +116,46 @@ if hasattr(os, "register_at_fork"):
 
 @atexit.register
 def _shutdown() -> None:
-    with _lock:
+    with _cond:
         workers, _idle[:] = list(_idle), []
     for w in workers:
         w.kill()
 
 
+def _start() -> _Worker:
+    # caller holds _cond
+    global _live
+    w = _Worker()
+    _live += 1
+    return w
+
+
 def prestart() -> None:
-    """Start one idle worker in the background if none is idle (cheap: it only forks and execs)."""
-    with _lock:
-        if not _idle:
-            _idle.append(_Worker())
+    """Start one worker in the background if none is idle and the pool has room (cheap: fork and exec)."""
+    with _cond:
+        if not _idle and _live < MAX_WORKERS:
+            _idle.append(_start())
 
 
 def _borrow() -> _Worker:
-    with _lock:
-        if _idle:
-            return _idle.pop()
-    return _Worker()
+    with _cond:
+        while not _idle and _live >= MAX_WORKERS:
+            _cond.wait()
+        return _idle.pop() if _idle else _start()
 
 
 def _give_back(w: _Worker) -> None:
-    with _lock:
-        if len(_idle) < _MAX_IDLE:
-            _idle.append(w)
-            return
+    with _cond:
+        _idle.append(w)
+        _cond.notify()
+
+
+def _discard(w: _Worker) -> None:
+    global _live
     w.kill()
+    with _cond:
+        _live -= 1
+        _cond.notify()
 
 
 _processes_ok = os.name == "posix"  # the pool reads replies with select() on pipes
@@ -128,16 +164,23 @@ _processes_ok = os.name == "posix"  # the pool reads replies with select() on pi
 def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
     """Whether math-verify finds `pred` equivalent to any of `golds`, decided within `timeout` seconds.
 
-    Returns `False` on a timeout or a worker failure. Waiting for a fresh worker to start is not counted.
-    Where worker processes are unavailable (not POSIX, or one failed to start) the comparison runs in a
-    daemon thread with the same deadline, which bounds the caller's wait but cannot stop C-level work.
+    Returns `False` on a timeout or when the worker dies on the request. An idle worker found dead (killed
+    from outside) is replaced first. Waiting for a worker to start, or for a free one while `MAX_WORKERS`
+    threads are grading, is not counted. Where worker processes are unavailable (not POSIX, or one failed
+    to start) the comparison runs in a daemon thread with the same deadline, which bounds the caller's wait
+    but cannot stop C-level work.
     """
     global _processes_ok
     if not _processes_ok:
         return _in_thread(pred, golds, timeout)
     w = _borrow()
+    for _ in range(MAX_WORKERS + 1):  # skip idle workers that died (OOM killer, a stray kill)
+        if not w.dead():
+            break
+        _discard(w)
+        w = _borrow()
     if not w.wait_ready():
-        w.kill()
+        _discard(w)
         _processes_ok = False
         warnings.warn(
             "mas_envs: the math grading worker process did not start; grading falls back to threads, "
@@ -148,7 +191,7 @@ def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
         return _in_thread(pred, golds, timeout)
     ok = w.ask(pred, golds, timeout)
     if ok is None:
-        w.kill()
+        _discard(w)
         return False
     _give_back(w)
     return ok

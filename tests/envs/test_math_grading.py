@@ -194,3 +194,64 @@ def test_grade_math_on_a_megabyte_of_unclosed_boxes_is_fast():
     assert grade_math("\\boxed{4}" + "\\boxed{" * 150_000, "4") is True
     assert grade_math("\\boxed{" * 150_000, "4") is False
     assert time.monotonic() - t0 < 5.0
+
+
+def _count_worker_starts(monkeypatch) -> list[int]:
+    from mas_envs.rewards import _worker
+
+    starts = [0]
+    init = _worker._Worker.__init__
+
+    def counting_init(self):
+        starts[0] += 1
+        init(self)
+
+    monkeypatch.setattr(_worker._Worker, "__init__", counting_init)
+    return starts
+
+
+def test_a_timeout_does_not_charge_the_next_call_a_worker_start(monkeypatch):
+    # A killed worker used to be replaced only when the next call came, which then waited ~1 s (many on a
+    # loaded box) for SymPy to import before its own 4 s deadline: 4.0 s, then 4.7 s, and so on.
+    assert grade_math(r"\boxed{1}", "2") is False  # a warm worker
+    assert grade_math(r"\boxed{10^{10^{10}}}", "5") is False  # killed at the deadline
+    starts = _count_worker_starts(monkeypatch)
+    t0 = time.monotonic()
+    assert grade_math(r"\boxed{\frac{2}{4}}", "0.5") is True
+    assert starts[0] == 0, "the call after a timeout had to start a worker"
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_many_threads_share_a_bounded_pool(monkeypatch):
+    # Twelve threads used to start twelve workers at once: twelve SymPy imports on two cores made every call
+    # take ~15 s. The pool now holds at most MAX_WORKERS processes and the other threads wait their turn.
+    from mas_envs.rewards import _worker
+
+    grade_math(r"\boxed{1}", "2")
+    starts = _count_worker_starts(monkeypatch)
+    results: dict[int, bool] = {}
+
+    def grade(i: int) -> None:
+        results[i] = grade_math(rf"\boxed{{\frac{{{i}}}{{{2 * i}}}}}", "0.5")
+
+    threads = [threading.Thread(target=grade, args=(i,)) for i in range(1, 13)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == dict.fromkeys(range(1, 13), True)
+    assert _worker._live <= _worker.MAX_WORKERS
+    assert starts[0] <= _worker.MAX_WORKERS
+
+
+def test_an_idle_worker_killed_from_outside_is_replaced():
+    # A worker that died while idle (the OOM killer, a stray kill) made the next comparison count as wrong.
+    from mas_envs.rewards import _worker
+
+    assert grade_math(r"\boxed{\frac{1}{2}}", "0.5") is True
+    with _worker._cond:
+        victims = list(_worker._idle)
+    for w in victims:
+        w.proc.kill()
+        w.proc.wait(5)
+    assert grade_math(r"\boxed{\frac{3}{6}}", "0.5") is True
