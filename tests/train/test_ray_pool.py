@@ -116,6 +116,12 @@ def test_workers_run_in_actors_and_are_cleaned_up(ray_cluster, tiny_qwen3_path, 
         actors = [pool.worker(g).actor for g in pool.groups]
         with pytest.raises(KeyError, match="no worker for model group 'judge'"):
             pool.worker("judge")
+        slow = solver.actor.call.remote("generate", [[9707]] * 4, SamplingParams(max_new_tokens=64, seed=1))
+        with pytest.raises(TimeoutError, match=r"solver.generate did not finish within 0s"):
+            pool._get(slow, "solver.generate", timeout=0.01)
+        ray.kill(pool.worker("verifier").actor, no_restart=True)
+        with pytest.raises(RuntimeError, match="the Ray actor of verifier died during verifier.generate"):
+            pool.worker("verifier").generate([[1]], SamplingParams(max_new_tokens=1))
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.info.remote(), timeout=30)
