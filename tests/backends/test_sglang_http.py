@@ -167,6 +167,23 @@ def test_launch_a_server_process_over_real_sockets(model_path):
         out = backend.generate([[9707, 1879]], SamplingParams(max_new_tokens=3, temperature=0.0))[0]
         assert len(out.completion_ids) == 3 and out.finish_reason == "length"
         process = backend._process
+
+        # a model group pointing at a running server (backend_kwargs.url) reaches the same server
+        from types import SimpleNamespace
+
+        from mas_train.backends import make_backend
+
+        group = SimpleNamespace(
+            name="solver", model=model_path, backend="sglang_http", dtype="auto",
+            backend_kwargs={"url": backend.url, "timeout": 60, "startup_timeout": 30},
+        )  # fmt: skip
+        remote = make_backend(group)
+        try:
+            again = remote.generate([[9707, 1879]], SamplingParams(max_new_tokens=3, temperature=0.0))[0]
+            assert again.completion_ids == out.completion_ids
+        finally:
+            remote.close()
+        assert process.poll() is None  # a backend that did not launch the server leaves it running
     finally:
         backend.close()
     assert process.poll() is not None  # close() stopped the server it launched
