@@ -73,15 +73,17 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_MODEL_SHARING = "shared"
 DEFAULT_NUM_GENERATIONS = 4  # G: trajectories per task
 DEFAULT_TASKS_PER_STEP = 1  # tasks per training step -> TASKS_PER_STEP * G trajectories
-DEFAULT_MAX_STEPS = 10
-DEFAULT_MAX_NEW_TOKENS = 96  # per agent turn
+DEFAULT_MAX_STEPS = 6
+DEFAULT_MAX_NEW_TOKENS = 128  # per agent turn
 DEFAULT_MAX_PROMPT_LENGTH = 1024
-DEFAULT_TEMPERATURE = 1.0
+# The 4-bit SmolLM2-135M default writes gibberish at 1.0 (never a valid action, so no learning signal);
+# 0.7 keeps it coherent. The reference trains 4B+ models at 1.0: set sampling.temperature for those.
+DEFAULT_TEMPERATURE = 0.7
 DEFAULT_LEARNING_RATE = 1e-5
-DEFAULT_SAVE_STEPS = 5
-DEFAULT_EVAL_STEPS = 10
+DEFAULT_SAVE_STEPS = 3
+DEFAULT_EVAL_STEPS = 6
 DEFAULT_EVAL_K = 4
-DEFAULT_EVAL_NUM_TASKS: int | None = 4
+DEFAULT_EVAL_NUM_TASKS: int | None = 2
 DEFAULT_EVAL_TEMPERATURE = 0.6  # the reference's validation sampling (temperature 0.6, top_p 0.95)
 DEFAULT_EVAL_TOP_P = 0.95
 # ----------------------------------------------------------------------------------------------------------------
