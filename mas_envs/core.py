@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import numbers
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -294,8 +295,14 @@ class TextAECEnv(AECEnv[str, str, str]):
             raise TypeError(f"{type(self).__name__} must set the class attribute possible_agents")
         self.possible_agents = list(self.possible_agents)
         c = self.default_invalid_action_penalty if invalid_action_penalty is None else invalid_action_penalty
+        if not isinstance(c, numbers.Real) or isinstance(c, bool):
+            raise TypeError(f"invalid_action_penalty must be a number, got {c!r}")
         if not c >= 0:
             raise ValueError(f"invalid_action_penalty must be >= 0, got {c!r}")
+        if max_turns is not None and (
+            not isinstance(max_turns, numbers.Integral) or isinstance(max_turns, bool)
+        ):
+            raise TypeError(f"max_turns must be an int or None, got {max_turns!r}")
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"max_turns must be >= 1 or None, got {max_turns!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -303,7 +310,7 @@ class TextAECEnv(AECEnv[str, str, str]):
                 f"render_mode={render_mode!r} is not supported; use one of {self.metadata['render_modes']}"
             )
         self.invalid_action_penalty = float(c)
-        self.max_turns = max_turns
+        self.max_turns = None if max_turns is None else int(max_turns)
         self.render_mode = render_mode
         self.stop_strings = {a: tuple(self.stop_strings.get(a, ())) for a in self.possible_agents}
         self._task_source = tasks if tasks is not None else self.default_tasks
@@ -353,7 +360,10 @@ class TextAECEnv(AECEnv[str, str, str]):
         """Start an episode; see the module docstring for how the task is chosen.
 
         Raises:
-            ValueError: `options["task"]` is not a mapping, or lacks `question`.
+            ValueError: `options["task"]` is not a mapping, or its `question` is missing or not a `str`; the
+                env's task list is empty; or the subclass rejects the task (e.g. a math task with no answer).
+                After a failed reset the env has no live agents.
+            TypeError: `options["task_index"]` is not an int.
             IndexError: `options["task_index"]` is out of range.
         """
         if seed is not None:
@@ -368,11 +378,20 @@ class TextAECEnv(AECEnv[str, str, str]):
             task = dict(task)
         elif options.get("task_index") is not None:
             i = options["task_index"]
+            if not isinstance(i, numbers.Integral) or isinstance(i, bool):
+                raise TypeError(f'options["task_index"] must be an int, got {i!r}')
             if not -len(self.tasks) <= i < len(self.tasks):
                 raise IndexError(f"task_index {i} out of range for {len(self.tasks)} tasks")
-            task = dict(self.tasks[i])
+            task = dict(self.tasks[int(i)])
         else:
+            if not len(self.tasks):
+                raise ValueError(
+                    f"{type(self).__name__}'s task list is empty: pass tasks=[...] with at least one row, "
+                    'or reset(options={"task": {...}})'
+                )
             task = dict(self.tasks[int(self.np_random.integers(len(self.tasks)))])
+        if not isinstance(task.get("question"), str):
+            raise ValueError(f'the task\'s "question" must be a str, got {task.get("question")!r}')
         self.task = task
         self.task_id = task_id_of(task)
         self.turn = 0
@@ -386,8 +405,12 @@ class TextAECEnv(AECEnv[str, str, str]):
         self.truncations = {a: False for a in self.agents}
         self.infos = {a: {"invalid_action": False} for a in self.agents}
         self._skip_agent_selection = None
-        first = self._start(task)
-        self._check_agent(first)
+        try:
+            first = self._start(task)
+            self._check_agent(first)
+        except BaseException:
+            self.agents = []  # a half-started episode must not be playable
+            raise
         self.agent_selection = first
         self._refresh_infos()
 
@@ -398,21 +421,24 @@ class TextAECEnv(AECEnv[str, str, str]):
     def step(self, action: str | None) -> None:
         """Apply the selected agent's text action (`None` only for a terminated or truncated agent).
 
+        A live agent's action that is not a `str` (`None` from a failed generation, `bytes`, a number) never
+        raises: it is an invalid action (penalty `-c`), and the env routes as if the agent had written `""`.
+
         Raises:
             ValueError: `action` is not `None` for a dead agent (PettingZoo's rule).
-            TypeError: `action` is not a `str` for a live agent.
         """
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
             return
-        if not isinstance(action, str):
-            raise TypeError(
-                f"{agent!r} is live, so its action must be a str (the model's text), got {type(action).__name__}"
-            )
+        not_text = not isinstance(action, str)
+        if not_text:
+            action = ""
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
         transition = self._act(agent, action)
+        if not_text:
+            transition = Transition(invalid=True, next_agent=transition.next_agent)
         self.transcript.append(TranscriptEntry(self.turn, agent, action, transition.invalid))
         self.infos[agent]["invalid_action"] = bool(transition.invalid)
         if transition.invalid:

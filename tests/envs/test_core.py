@@ -154,17 +154,59 @@ def test_no_task_list_is_a_clear_error():
         env.reset(seed=0)
 
 
-def test_dead_step_and_type_errors():
+def test_non_text_action_of_a_live_agent_is_an_invalid_action_not_a_crash():
+    # None (a failed generation), bytes, numbers: the rollout goes on, the acting agent pays -c.
+    env = wrap(RelayEnv(tasks=TASKS, invalid_action_penalty=0.5, render_mode="ansi"))
+    env.reset(options={"task_index": 0})
+    env.step(None)  # alice
+    assert env.rewards == {"alice": -0.5, "bob": 0.0} and env.infos["alice"]["invalid_action"] is True
+    assert env.agent_selection == "bob"  # routed as if alice had written ""
+    env.step(b"0")  # bob
+    assert env.rewards == {"alice": 0.0, "bob": -0.5} and env.agent_selection == "alice"
+    env.step(0)  # alice: the int 0 is not the text "0", so nothing was said
+    assert env.rewards == {"alice": -0.5, "bob": 0.0} and env.unwrapped.said == []
+    env.step("done")  # bob ends; R = 0 (nobody said a number)
+    assert "--- turn 0 | alice (invalid) ---" in env.render()
+    env.reset(options={"task_index": 0})
+    returns, actors = play(env, [None, b"0", 0, "done"])
+    assert actors == ["alice", "bob", "alice", "bob"]
+    assert returns == {"alice": -1.0, "bob": -0.5}
+
+
+def test_dead_step_rules():
     env = wrap(RelayEnv(tasks=TASKS))
     env.reset(options={"task_index": 0})
-    with pytest.raises(TypeError, match="must be a str"):
-        env.step(None)
-    with pytest.raises(TypeError, match="must be a str"):
-        env.step(3)
     env.step("0")
     env.step("done")
     with pytest.raises(ValueError, match="only valid action is None"):
         env.step("more text")
+
+
+def test_task_options_errors_are_clear():
+    env = RelayEnv(tasks=TASKS)
+    for bad in ("3", 1.5, None.__class__, True):
+        with pytest.raises(TypeError, match=r'options\["task_index"\] must be an int'):
+            env.reset(options={"task_index": bad})
+    env.reset(options={"task_index": np.int64(2)})
+    assert env.task_id == "toy/2"
+    with pytest.raises(ValueError, match='"question" must be a str'):
+        env.reset(options={"task": {"question": None, "answer": "1"}})
+    with pytest.raises(ValueError, match="task list is empty"):
+        RelayEnv(tasks=[]).reset(seed=0)
+
+
+def test_a_failed_reset_leaves_no_live_agents():
+    class Picky(RelayEnv):
+        def _start(self, task):
+            if task.get("answer") is None:
+                raise ValueError("no answer")
+            return super()._start(task)
+
+    env = Picky(tasks=TASKS)
+    env.reset(options={"task_index": 0})
+    with pytest.raises(ValueError, match="no answer"):
+        env.reset(options={"task": {"question": "q"}})
+    assert env.agents == []
 
 
 def test_constructor_validation():
@@ -174,6 +216,10 @@ def test_constructor_validation():
         RelayEnv(max_turns=0)
     with pytest.raises(ValueError, match="render_mode"):
         RelayEnv(render_mode="human")
+    with pytest.raises(TypeError, match="invalid_action_penalty must be a number"):
+        RelayEnv(invalid_action_penalty="0.1")
+    with pytest.raises(TypeError, match="max_turns must be an int"):
+        RelayEnv(max_turns=2.5)
 
     class NoAgents(TextAECEnv):
         pass

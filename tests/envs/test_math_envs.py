@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import mas_envs
@@ -177,3 +179,106 @@ def test_standard_loop_ends_for_any_policy(env_id, policy):
         env.step(None if term or trunc else policy(obs, a))
         steps += 1
     assert env.agents == [] and steps <= 3 + 2
+
+
+@pytest.mark.parametrize("env_id", ["math-2agent", "math-1agent"])
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"question": "1+1?"},
+        {"question": "1+1?", "answer": None},
+        {"question": "1+1?", "answer": "  "},
+        {"question": "1+1?", "golden_answers": []},
+    ],
+    ids=["missing", "none", "blank", "empty-list"],
+)
+def test_a_task_without_a_gold_answer_is_a_clear_error(env_id, task):
+    # It used to start an episode whose reward is 0 whatever the agents write: silent poison for training.
+    env = mas_envs.make(env_id)
+    with pytest.raises(ValueError, match="no gold answer"):
+        env.reset(options={"task": task})
+    assert env.unwrapped.agents == []
+
+
+@pytest.mark.parametrize(
+    ("task", "answer", "ret"),
+    [
+        ({"question": "1+1?", "answer": 2}, "\\boxed{2}", 1.0),
+        ({"question": "1+1?", "answer": 2.0, "extra": [1, {"x": 2}]}, "\\boxed{2}", 1.0),
+        ({"question": "1+1?", "golden_answers": ["2", "two"]}, "\\boxed{\\text{two}}", 1.0),
+        ({"question": "1+1?", "answer": "2"}, "\\boxed{3}", 0.0),
+    ],
+)
+def test_odd_but_valid_tasks(task, answer, ret):
+    env = mas_envs.make("math-1agent")
+    env.reset(options={"task": task})
+    returns, _, _ = play(env, [answer])
+    assert returns == {"solver": ret}
+
+
+GOLD_18 = GSM8K_TEST[0]
+
+
+@pytest.mark.parametrize(
+    ("action", "ret"),
+    [
+        ("\\boxed{" * 150_000, -0.1),  # a megabyte of degenerate repetition, no balanced box
+        ("\\boxed{18}" * 100_000, 1.0),
+        ("\\boxed{18}\x00", 1.0),
+        ("\ud800 \\boxed{18} \udfff", 1.0),  # lone surrogates
+        ("\u202e\u05d0\u05d1 \\boxed{18}", 1.0),  # RTL override and Hebrew
+        ("<think>\\boxed{18}</think>", -0.1),  # the box is inside the thinking
+        ("<think>\\boxed{18}</think> so \\boxed{17}", 0.0),
+        ("</think>\\boxed{18}", 1.0),
+        ("\\boxed{\\boxed{18}}", 1.0),
+        ("\\boxed{18} \\boxed{", 1.0),  # an unclosed trailing box falls back to the balanced one
+        ("\\boxed{}", 0.0),  # a box, but an empty answer
+        (None, -0.1),
+        (b"\\boxed{18}", -0.1),
+        (18, -0.1),
+    ],
+    ids=[
+        "1MB-unclosed",
+        "100k-boxes",
+        "nul",
+        "surrogates",
+        "rtl",
+        "box-in-think",
+        "think-then-wrong",
+        "close-only",
+        "nested",
+        "trailing-unclosed",
+        "empty-box",
+        "None",
+        "bytes",
+        "int",
+    ],
+)
+def test_hostile_solver_output_never_crashes(action, ret):
+    env = mas_envs.make("math-1agent")
+    env.reset(options={"task": GOLD_18})
+    t0 = time.monotonic()
+    returns, actors, _ = play(env, [action])
+    assert time.monotonic() - t0 < 5.0
+    assert actors == ["solver"] and returns == pytest.approx({"solver": ret})
+
+
+@pytest.mark.parametrize(
+    ("review", "actors", "verifier_return"),
+    [
+        ("<VERIFY> Approve </VERIFY>", ["solver", "verifier"], 1.0),
+        ("<verify>\napprove\n</verify>", ["solver", "verifier"], 1.0),
+        ("<verify>approve</verify> hmm <verify>reject</verify>", ["solver", "verifier", "solver"], 1.0),
+        ("<verify>reject</verify> on reflection <verify>approve</verify>", ["solver", "verifier"], 1.0),
+        ("<verify>approve", ["solver", "verifier", "solver"], 0.9),  # unclosed: no verdict
+        ("< verify>approve</verify>", ["solver", "verifier", "solver"], 0.9),
+        ("<verify>yes</verify>", ["solver", "verifier", "solver"], 0.9),
+        (None, ["solver", "verifier", "solver"], 0.9),
+    ],
+)
+def test_verdict_parsing_and_routing(review, actors, verifier_return):
+    env = mas_envs.make("math-2agent")
+    env.reset(options={"task": GOLD_18})
+    returns, acted, _ = play(env, ["\\boxed{18}", review, "\\boxed{18}"][: len(actors)])
+    assert acted == actors
+    assert returns == pytest.approx({"solver": 1.0, "verifier": verifier_return})

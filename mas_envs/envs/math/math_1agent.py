@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
+from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, task_id_of, wrap
 from mas_envs.envs.math import prompts
-from mas_envs.rewards.math import extract_boxed, grade_math, strip_think
+from mas_envs.rewards.math import _gold_strings, extract_boxed, grade_math, strip_think
 
-__all__ = ["MathOneAgentEnv", "env", "raw_env"]
+__all__ = ["MathOneAgentEnv", "env", "raw_env", "require_gold"]
 
 MATH_FUZZ = ("\\boxed{", "}", "{", "18", "\\frac{1}{2}", "<think>", "</think>", "$")
 
@@ -51,6 +51,7 @@ class MathOneAgentEnv(TextAECEnv):
     default_tasks = "gsm8k-train"
 
     def _start(self, task: dict[str, Any]) -> str:
+        require_gold(task)
         self.answer_text: str | None = None
         return "solver"
 
@@ -95,6 +96,16 @@ class MathOneAgentEnv(TextAECEnv):
 def gold_of(task: dict[str, Any]) -> Any:
     """The gold answer of a math task row (`answer`, else `golden_answers`)."""
     return task["answer"] if "answer" in task else task.get("golden_answers")
+
+
+def require_gold(task: dict[str, Any]) -> None:
+    """Raise `ValueError` unless the task has a gold answer `grade_math` can match (else every reward is 0)."""
+    if not any(g.strip() for g in _gold_strings(gold_of(task))):
+        raise ValueError(
+            f"math task {task_id_of(task)} has no gold answer: give it an 'answer' (str or number) or a "
+            f"non-empty 'golden_answers' list; got answer={task.get('answer')!r}, "
+            f"golden_answers={task.get('golden_answers')!r}"
+        )
 
 
 def gsm8k_golden_task() -> dict[str, Any]:

@@ -37,7 +37,13 @@ from typing import Any
 
 from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from mas_envs.envs.math import prompts
-from mas_envs.envs.math.math_1agent import MATH_FUZZ, gold_of, gsm8k_golden_task, solver_action_is_valid
+from mas_envs.envs.math.math_1agent import (
+    MATH_FUZZ,
+    gold_of,
+    gsm8k_golden_task,
+    require_gold,
+    solver_action_is_valid,
+)
 from mas_envs.rewards.math import grade_math
 
 __all__ = ["MathTwoAgentEnv", "env", "parse_verdict", "raw_env"]
@@ -89,6 +95,7 @@ class MathTwoAgentEnv(TextAECEnv):
         self.missing_verdict = missing_verdict
 
     def _start(self, task: dict[str, Any]) -> str:
+        require_gold(task)
         self.history: list[tuple[str, str]] = []  # (agent, text) of every turn so far
         self.solver_turns = 0
         self.last_solution: str | None = None
