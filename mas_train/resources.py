@@ -8,7 +8,8 @@ trainer only uses the interface below, so the pool can change without touching i
 * ``start()``: create the workers (loads models; call once).
 * ``groups``: model group names, in config order.
 * ``worker(group)``: the handle; ``handle.generate(...)``, ``handle.update(...)``, ``handle.sync_weights()``,
-  ``handle.save(folder)``, ``handle.load(folder)`` return results synchronously.
+  ``handle.save(folder)``, ``handle.load(folder)`` return results synchronously; ``handle.num_parameters`` and
+  ``handle.weight_version`` are plain ints (the trainer reads them, e.g. to turn per-agent grad norms on).
 * ``tokenizer(group)``: the group's tokenizer, in the driver process (the collector renders prompts with it).
 * ``shutdown()``: release every worker. Idempotent.
 """

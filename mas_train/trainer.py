@@ -350,7 +350,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         for _ in range(num_iterations):
             acc: list[torch.Tensor | None] | None = None
             current = None
-            for k, (agent, inp0) in enumerate(prepared):
+            for agent, inp0 in prepared:
                 inp = dict(inp0)
                 if agent_grad_norms and agent != current:
                     acc = self._fold_agent_grad(params, acc, current, agent_norms)
@@ -362,7 +362,6 @@ class GroupGRPOTrainer(GRPOTrainer):
                 self._is_ctx = None
                 self.accelerator.backward(loss)
                 losses.append(loss.detach().item())
-                del k
             if agent_grad_norms:
                 acc = self._fold_agent_grad(params, acc, current, agent_norms)
                 for p, a in zip(params, acc, strict=True):
