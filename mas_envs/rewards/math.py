@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import time
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -29,6 +30,8 @@ GRADE_TIMEOUT_S = 4.0
 # Longer boxed contents are compared as strings only: nobody's final answer is this long, and SymPy
 # parsing time grows fast with length.
 MAX_SYMPY_CHARS = 400
+# SymPy always gets at least this long (a real answer compares in ~0.05 s), however long extraction took.
+_MIN_SYMPY_S = 0.5
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 _BRACE_RE = re.compile(r"[{}]")
@@ -153,6 +156,7 @@ def grade_math(response: Any, gold: Any) -> bool:
     Returns:
         `True` when equivalent. Never raises; returns within about `GRADE_TIMEOUT_S` seconds.
     """
+    t0 = time.monotonic()
     try:
         if not isinstance(response, str):
             return False
@@ -167,6 +171,8 @@ def grade_math(response: Any, gold: Any) -> bool:
             return False
         from mas_envs.rewards import _worker
 
-        return _worker.equivalent(pred, [g[:MAX_SYMPY_CHARS] for g in golds], GRADE_TIMEOUT_S)
+        # the deadline covers the whole call: scanning a 4 MB response takes up to ~2 s of it
+        left = max(_MIN_SYMPY_S, GRADE_TIMEOUT_S - (time.monotonic() - t0))
+        return _worker.equivalent(pred, [g[:MAX_SYMPY_CHARS] for g in golds], left)
     except Exception:  # noqa: BLE001  (grading is total by contract: a bug here must not kill a rollout)
         return False

@@ -255,3 +255,13 @@ def test_an_idle_worker_killed_from_outside_is_replaced():
         w.proc.kill()
         w.proc.wait(5)
     assert grade_math(r"\boxed{\frac{3}{6}}", "0.5") is True
+
+
+def test_the_deadline_covers_extraction_too():
+    # 4 MB of braces (the action space's limit) cost ~1.8 s to scan, and the SymPy deadline came on top of
+    # that: 6.4 s in all. The worker now gets only what is left of GRADE_TIMEOUT_S.
+    grade_math(r"\boxed{1}", "2")  # a warm worker
+    response = r"\boxed{1}" + "{}" * 2_000_000 + r"\boxed{10^{10^{10}}}"
+    t0 = time.monotonic()
+    assert grade_math(response, "4") is False
+    assert time.monotonic() - t0 < 5.0
