@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -90,7 +91,8 @@ def normalize_rows(
             `id_prefix`, else `"unknown"`).
         id_prefix: generated ids are `f"{id_prefix}/{row index}"` when a row has no id.
         id_field: source column holding the id (default: `id` when present).
-        drop_empty_answers: skip rows whose gold answer is empty.
+        drop_empty_answers: skip rows whose gold answer is missing-valued: `None`, blank, or an empty
+            `golden_answers` list.
 
     Raises:
         KeyError: a row has no question or no gold answer field (the message names the columns it has).
@@ -121,10 +123,17 @@ def normalize_rows(
             task["id"] = str(row[id_col])
         else:
             task["id"] = f"{id_prefix or task['data_source']}/{i}"
-        if drop_empty_answers and "answer" in task and str(task["answer"]).strip() == "":
+        if drop_empty_answers and _no_gold(task):
             continue
         out.append(task)
     return out
+
+
+def _no_gold(task: Mapping[str, Any]) -> bool:
+    if "answer" in task:
+        return task["answer"] is None or str(task["answer"]).strip() == ""
+    golds = task.get("golden_answers")
+    return golds is None or (hasattr(golds, "__len__") and len(golds) == 0)
 
 
 def load_tasks(
@@ -153,10 +162,16 @@ def load_tasks(
     Returns:
         A list of task row dicts.
 
+    Rows whose gold answer is `None`, blank or an empty list are skipped (a math env refuses them: every
+    reward would be 0); from a file or hub id that warns with the count.
+
     Raises:
         FileNotFoundError: `source` looks like a path (has a suffix or a separator) but does not exist.
         KeyError: rows lack a question or answer field.
+        ValueError: `limit` is negative.
     """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit!r}")
     source = str(source)
     if source in BUNDLED:
         b = BUNDLED[source]
@@ -186,6 +201,18 @@ def load_tasks(
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     source_name = data_source or name
-    return normalize_rows(
-        list(ds), fields=fields, data_source=source_name, id_prefix=source_name, id_field=id_field
+    tasks = normalize_rows(
+        list(ds),
+        fields=fields,
+        data_source=source_name,
+        id_prefix=source_name,
+        id_field=id_field,
+        drop_empty_answers=True,
     )
+    if len(tasks) < len(ds):
+        warnings.warn(
+            f"{source}: skipped {len(ds) - len(tasks)} of {len(ds)} rows with no gold answer (None or blank)",
+            UserWarning,
+            stacklevel=2,
+        )
+    return tasks

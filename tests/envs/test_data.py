@@ -97,3 +97,31 @@ def test_clear_errors():
         normalize_rows([{"question": "?"}])
     with pytest.raises(FileNotFoundError, match="bundled sets"):
         load_tasks("./nope.jsonl")
+
+
+def test_rows_without_a_gold_answer_are_skipped_with_a_warning(tmp_path):
+    # The math envs refuse such a task at reset (every reward would be 0): drop them at load time instead of
+    # failing hours into a run. A JSON null used to become the answer "None".
+    pytest.importorskip("datasets")
+    path = tmp_path / "user.jsonl"
+    rows = [
+        {"question": "1+1?", "answer": "2"},
+        {"question": "2+2?", "answer": ""},
+        {"question": "3+3?", "answer": None},
+        {"question": "4+4?", "answer": " "},
+        {"question": "5+5?", "answer": "10"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match="skipped 3 of 5 rows with no gold answer"):
+        tasks = load_tasks(path)
+    assert [(t["question"], t["answer"], t["id"]) for t in tasks] == [
+        ("1+1?", "2", "user/0"),
+        ("5+5?", "10", "user/4"),
+    ]
+    out = normalize_rows([{"question": "q", "golden_answers": []}], drop_empty_answers=True)
+    assert out == []
+
+
+def test_negative_limit_is_an_error():
+    with pytest.raises(ValueError, match="limit"):
+        load_tasks("gsm8k-test", limit=-1)
