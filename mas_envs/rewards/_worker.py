@@ -72,7 +72,10 @@ class _Worker:
             self.proc.stdin.flush()
             line = self._readline(min(timeout, _SPARE_AFTER_S))
             if line is None and timeout > _SPARE_AFTER_S and self.proc.poll() is None:
-                prestart()  # this one may be killed soon: have the next call's worker warm by then
+                try:
+                    prestart()  # this one may be killed soon: have the next call's worker warm by then
+                except OSError:
+                    pass  # best effort; the next call starts one (or falls back) itself
                 line = self._readline(timeout - _SPARE_AFTER_S)
             return None if line is None else bool(json.loads(line)["ok"])
         except (OSError, ValueError, KeyError):
@@ -170,31 +173,38 @@ def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
     to start) the comparison runs in a daemon thread with the same deadline, which bounds the caller's wait
     but cannot stop C-level work.
     """
-    global _processes_ok
     if not _processes_ok:
         return _in_thread(pred, golds, timeout)
-    w = _borrow()
-    for _ in range(MAX_WORKERS + 1):  # skip idle workers that died (OOM killer, a stray kill)
-        if not w.dead():
-            break
-        _discard(w)
+    try:
         w = _borrow()
+        for _ in range(MAX_WORKERS + 1):  # skip idle workers that died (OOM killer, a stray kill)
+            if not w.dead():
+                break
+            _discard(w)
+            w = _borrow()
+    except OSError as err:  # cannot spawn at all: no usable sys.executable, out of file descriptors, ...
+        return _fall_back(pred, golds, timeout, f"could not be started ({err})")
     if not w.wait_ready():
         _discard(w)
-        _processes_ok = False
-        warnings.warn(
-            "mas_envs: the math grading worker process did not start; grading falls back to threads, "
-            "which cannot stop a runaway SymPy computation",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return _in_thread(pred, golds, timeout)
+        return _fall_back(pred, golds, timeout, "did not start")
     ok = w.ask(pred, golds, timeout)
     if ok is None:
         _discard(w)
         return False
     _give_back(w)
     return ok
+
+
+def _fall_back(pred: str, golds: list[str], timeout: float, why: str) -> bool:
+    global _processes_ok
+    _processes_ok = False
+    warnings.warn(
+        f"mas_envs: the math grading worker process {why}; grading falls back to threads, "
+        "which cannot stop a runaway SymPy computation",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return _in_thread(pred, golds, timeout)
 
 
 def _in_thread(pred: str, golds: list[str], timeout: float) -> bool:

@@ -265,3 +265,19 @@ def test_the_deadline_covers_extraction_too():
     t0 = time.monotonic()
     assert grade_math(response, "4") is False
     assert time.monotonic() - t0 < 5.0
+
+
+def test_a_worker_that_cannot_be_spawned_falls_back_with_a_warning(monkeypatch):
+    # Popen raising (no usable sys.executable, EMFILE, ENOMEM) used to make every answer grade False, silently.
+    from mas_envs.rewards import _worker
+
+    def no_spawn(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(_worker, "_processes_ok", True)
+    monkeypatch.setattr(_worker, "_idle", [])
+    monkeypatch.setattr(_worker, "_live", 0)
+    monkeypatch.setattr(_worker.subprocess, "Popen", no_spawn)
+    with pytest.warns(RuntimeWarning, match="Too many open files"):
+        assert _worker.equivalent("0.5", ["1/2"], 4.0) is True
+    assert _worker._processes_ok is False
