@@ -29,7 +29,7 @@ class LocalPool:
         micro_batch_size: forwarded to each :class:`~mas_train.trainer.ModelGroupWorker`.
     """
 
-    def __init__(self, resolved: Any, *, micro_batch_size: int = 8) -> None:
+    def __init__(self, resolved: Any, *, micro_batch_size: int = 4) -> None:
         self.resolved = resolved
         self.micro_batch_size = micro_batch_size
         self._workers: dict[str, Any] = {}
@@ -69,7 +69,7 @@ class LocalPool:
         self._workers.clear()
 
 
-def make_pool(resolved: Any, *, micro_batch_size: int = 8) -> Any:
+def make_pool(resolved: Any, *, micro_batch_size: int = 4) -> Any:
     """The pool ``resolved.config.pool`` names (``local``; ``ray`` once ``RayPool`` exists).
 
     Raises:

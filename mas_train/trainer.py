@@ -120,7 +120,7 @@ class GroupGRPOTrainer(GRPOTrainer):
     ``args.num_iterations`` steps.
     """
 
-    def __init__(self, model, tokenizer, args, *, micro_batch_size: int = 8, ref_model=None):
+    def __init__(self, model, tokenizer, args, *, micro_batch_size: int = 4, ref_model=None):
         from datasets import Dataset
 
         if micro_batch_size < 1:
@@ -481,7 +481,7 @@ class ModelGroupWorker:
         num_parameters: trainable parameter count.
     """
 
-    def __init__(self, resolved, group: str, *, micro_batch_size: int = 8) -> None:
+    def __init__(self, resolved, group: str, *, micro_batch_size: int = 4) -> None:
         from mas_train.models import load_model_and_tokenizer, resolve_model_path
 
         cfg = resolved.config
@@ -748,7 +748,7 @@ class MultiGroupTrainer:
         env_factory=None,
         train_tasks: Sequence[Mapping[str, Any]] | None = None,
         eval_tasks: Sequence[Mapping[str, Any]] | None = None,
-        micro_batch_size: int = 8,
+        micro_batch_size: int = 4,
     ) -> None:
         from mas_train.resources import make_pool
         from mas_train.rollout import RolloutCollector
