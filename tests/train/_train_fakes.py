@@ -7,6 +7,8 @@ may set ``"skip_verifier": True`` (the episode ends after the solver, so the ver
 
 from __future__ import annotations
 
+import zlib
+
 from mas_envs.core import Outcome, TextAECEnv, Transition, wrap
 from mas_train.backends.base import GenerationOutput
 
@@ -89,15 +91,15 @@ class ScriptGenerator:
 
 
 class ParityEnv(ScriptEnv):
-    """``ScriptEnv`` whose reward a random-weight model can earn: R = 1 when the solver's last action has an even
-    number of characters. Gives reward variance within every task group, so advantages (and gradients) are
-    non-zero for both agents."""
+    """``ScriptEnv`` whose reward a random-weight model earns: R in [0, 1] is a checksum of the solver's last
+    action, so any two different completions almost surely score differently. That gives reward variance in
+    every task group, hence non-zero advantages (and gradients) for both agents whatever the sampling seed."""
 
     metadata = {"name": "parity_v0", "render_modes": ["ansi"], "is_parallelizable": False}
 
     def _outcome(self):
-        even = len(self.last_answer) % 2 == 0
-        return Outcome(float(even), even)
+        r = (zlib.crc32(self.last_answer.encode("utf-8", "surrogatepass")) % 1000) / 999
+        return Outcome(r, r > 0.5)
 
 
 def make_parity_env(**kw):
