@@ -619,7 +619,8 @@ def _check_grpo(where: str, grpo: Mapping[str, Any]) -> None:
     for key in grpo:
         if key in _GRPO_RESERVED:
             raise ConfigError(f"{where}.{key}: set it through {_GRPO_RESERVED[key]}, not through grpo")
-        if key.startswith("vllm_"):
+        # TRL names its importance-sampling correction after vLLM, but our trainer applies it to every backend.
+        if key.startswith("vllm_") and not key.startswith("vllm_importance_sampling_"):
             raise ConfigError(
                 f"{where}.{key}: vLLM settings do not apply; generation runs on mas_train backends"
             )

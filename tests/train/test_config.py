@@ -102,6 +102,14 @@ def test_grpo_config_kwargs_build_a_trl_grpo_config(tmp_path):
     )
 
 
+def test_grpo_importance_sampling_knobs_pass_but_other_vllm_settings_are_refused():
+    cfg = parse_args(["--grpo.vllm_importance_sampling_mode", "token_truncate"])
+    kwargs = cfg.resolve(AGENTS).model_groups["shared"].grpo_config_kwargs()
+    assert kwargs["vllm_importance_sampling_mode"] == "token_truncate"
+    with pytest.raises(ConfigError, match=r"vLLM settings do not apply"):
+        parse_args(["--grpo.vllm_gpu_memory_utilization", "0.5"]).resolve(AGENTS)
+
+
 def test_shared_group_with_different_learning_rates_fails_at_resolve():
     cfg = TrainConfig(
         agents={"solver": AgentConfig(learning_rate=1e-5), "verifier": AgentConfig(learning_rate=2e-6)}
