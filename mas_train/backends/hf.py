@@ -11,7 +11,19 @@ instead of ``model.generate``, for three reasons:
   sampling distribution without telling the caller);
 * stop strings end a row at the token that completes them and the finish reason says which one;
 * a finished row leaves the batch (and the KV cache) at once, so one long completion does not make the
-  others pay for padding steps.
+  others pay for padding steps;
+* identical prompts in a batch are prefilled once (see below).
+
+Prompt sharing: GRPO-style rollouts reset the G copies of a task group to the same task, so on the first tick
+of every group the G prompts are identical token sequences (``num_generations`` copies of one prompt). Prefill
+(the forward pass over the whole prompt) dominates a tick on CPU and costs the same FLOPs batched or not, so
+:meth:`HFBackend.generate` runs the prefill forward on the distinct prompts only and then copies each one's KV
+cache rows and last-position logits to every row that asked for it (``Cache.batch_select_indices`` with
+repeated indices, the mechanism that also drops finished rows). This is the exact-match case of SGLang's radix
+(prefix) cache; longer shared prefixes of different prompts are not shared. Sampling is untouched: each row
+keeps its own generator, temperature, truncation and stop strings, so a seeded row gives the same completion
+(and logprobs up to float rounding) as when it is generated alone. A model whose cache cannot select rows
+(e.g. some linear-attention caches) falls back to prefilling every row.
 
 Logprobs are ``log_softmax(logits / temperature)[token]`` (natural log, fp32; greedy: temperature 1), the
 quantity TRL's trainer recomputes and SGLang returns, so importance ratios compare like with like. Top-p/top-k
@@ -76,8 +88,10 @@ class HFBackend:
         ValueError: ``max_batch_size < 1``; ``device``/``dtype`` given with ``share_model=True``; a tokenizer
             with neither pad nor EOS token.
 
-    Requests are sorted by prompt length, split into batches of at most ``max_batch_size``, left-padded, and
-    decoded until every row has finished (EOS, stop string or its own ``max_new_tokens``).
+    Requests are sorted by prompt length (identical prompts next to each other, so they land in the same batch),
+    split into batches of at most ``max_batch_size`` rows, left-padded, prefilled once per distinct prompt (the
+    cache is then expanded to all rows, so ``max_batch_size`` still bounds KV-cache memory) and decoded until
+    every row has finished (EOS, stop string or its own ``max_new_tokens``).
     """
 
     def __init__(
@@ -130,6 +144,7 @@ class HFBackend:
         # transformers 5.x renamed past_key_values to cache (old name deprecated until 5.40)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_last_logits = "logits_to_keep" in params
+        self._share_prefill = True  # turned off for good if the model's cache cannot select batch rows
 
     @property
     def model(self) -> PreTrainedModel:
@@ -175,7 +190,8 @@ class HFBackend:
                 raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size})")
         seeds = [sp.seed if sp.seed is not None else self._rng.randrange(2**63) for sp in params]
         version = self.weight_version
-        order = sorted(range(n), key=lambda i: -len(prompts[i]))
+        # identical prompts sort next to each other, so a batch split keeps duplicates together for prefill sharing
+        order = sorted(range(n), key=lambda i: (-len(prompts[i]), prompts[i]))
         step = self.max_batch_size or max(n, 1)
         results: list[GenerationOutput | None] = [None] * n
         with torch.inference_mode(), self._eval_mode():
@@ -295,6 +311,32 @@ class HFBackend:
             new_cache = out.past_key_values
         return out.logits[:, -1, :].float(), new_cache
 
+    def _prefill(
+        self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, Any]:
+        """First forward of a batch: last-position logits (B, V) fp32 and the KV cache for all B rows.
+
+        Runs the model on the distinct prompts only and expands the cache and logits to all rows by index.
+        Left padding is to the longest prompt, which is among the distinct ones, so every row's padded ids,
+        mask and positions are exactly those it would have had in a full prefill.
+        """
+        unique: dict[tuple[int, ...], int] = {}
+        inverse = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        if not self._share_prefill or len(unique) == len(prompts):
+            return self._forward(ids, mask, pos, None)
+        firsts = torch.tensor(
+            [inverse.index(u) for u in range(len(unique))], dtype=torch.long, device=ids.device
+        )
+        logits, cache = self._forward(ids[firsts], mask[firsts], pos[firsts], None)
+        expand = torch.tensor(inverse, dtype=torch.long, device=ids.device)
+        try:
+            # repeated indices copy a distinct prompt's keys/values into each row that shares it
+            cache.batch_select_indices(expand)
+        except (AttributeError, NotImplementedError):
+            self._share_prefill = False
+            return self._forward(ids, mask, pos, None)
+        return logits[expand], cache
+
     def _stop_match(self, ids: list[int], stops: tuple[str, ...], window: int) -> str | None:
         # Each token decodes to >= 1 character, so a stop string completed by the newest token lies within the
         # last len(stop) tokens; decoding a small tail keeps this O(1) per step. Earlier steps found no match,
@@ -333,7 +375,10 @@ class HFBackend:
         rows = list(range(b))  # batch position -> request index; finished rows leave the batch
         cache = None
         for _ in range(max(sp.max_new_tokens for sp in params)):
-            logits, cache = self._forward(ids, mask, pos, cache)
+            if cache is None:
+                logits, cache = self._prefill(prompts, ids, mask, pos)
+            else:
+                logits, cache = self._forward(ids, mask, pos, cache)
             scaled = logits / scale
             logps = torch.log_softmax(scaled, dim=-1)
             draws = torch.stack([torch.rand((), generator=gens[i], device=dev) for i in rows])

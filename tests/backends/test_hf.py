@@ -242,3 +242,60 @@ def test_rows_finishing_early_leave_the_batch_without_disturbing_others(model_to
     outs = HFBackend(model, tok).generate(prompts, params)
     for prompt, n, out in zip(prompts, lengths, outs, strict=True):
         assert out.completion_ids == reference_greedy(model, prompt, n)
+
+
+def _record_prefill_rows(backend: HFBackend) -> list[int]:
+    """Batch sizes of the prefill forwards (those without a cache) that ``backend`` runs from now on."""
+    rows: list[int] = []
+    forward = backend._forward
+
+    def recording(ids, mask, pos, cache):
+        if cache is None:
+            rows.append(ids.shape[0])
+        return forward(ids, mask, pos, cache)
+
+    backend._forward = recording
+    return rows
+
+
+def test_identical_prompts_prefill_once_and_sample_as_if_alone(model_tok):
+    """A task group's G identical prompts share one prefill; each row still samples with its own seed/params."""
+    model, tok = model_tok
+    a, b, c = (chat_prompt(tok, q) for q in ("What is 2 + 3?", "Solve 3x + 7 = 22.", "hello"))
+    prompts = [a, b, a, c, a, b, a]
+    params = [
+        SamplingParams(max_new_tokens=8, temperature=1.0, seed=1),
+        SamplingParams(max_new_tokens=5, temperature=0.7, seed=2),
+        SamplingParams(max_new_tokens=3, temperature=1.0, seed=3),  # leaves the expanded batch early
+        SamplingParams(max_new_tokens=6, temperature=1.0, seed=4),
+        SamplingParams(max_new_tokens=8, temperature=1.0, seed=1),  # same prompt and seed as row 0
+        SamplingParams(max_new_tokens=7, temperature=1.0, seed=5, top_k=20),
+        SamplingParams(max_new_tokens=4, temperature=0.0),
+    ]
+    backend = HFBackend(model, tok)
+    prefill_rows = _record_prefill_rows(backend)
+    outs = backend.generate(prompts, params)
+    assert prefill_rows == [3]  # three distinct prompts, one prefill forward over them
+    assert outs[0].completion_ids == outs[4].completion_ids
+    assert outs[0].completion_ids[:3] != outs[2].completion_ids  # same prompt, other seed: other sample
+    for prompt, sp, out in zip(prompts, params, outs, strict=True):
+        alone = HFBackend(model, tok).generate([prompt], sp)[0]
+        assert out.completion_ids == alone.completion_ids
+        assert out.finish_reason == alone.finish_reason
+        assert max(abs(x - y) for x, y in zip(out.logprobs, alone.logprobs, strict=True)) < 1e-6
+    assert outs[6].completion_ids == reference_greedy(model, a, 4)
+    expected = teacher_forced_logprobs(model, a, outs[0].completion_ids, 1.0)
+    assert max(abs(x - y) for x, y in zip(outs[0].logprobs, expected, strict=True)) < 1e-3
+
+
+def test_batch_split_keeps_identical_prompts_together(model_tok):
+    """With max_batch_size, equal-length duplicates are ordered together, so each batch prefills one prompt."""
+    model, tok = model_tok
+    a, b = [11, 12, 13], [11, 12, 14]
+    backend = HFBackend(model, tok, max_batch_size=2)
+    prefill_rows = _record_prefill_rows(backend)
+    sp = [SamplingParams(max_new_tokens=3, temperature=1.0, seed=s) for s in range(4)]
+    outs = backend.generate([b, a, b, a], sp)
+    assert prefill_rows == [1, 1]
+    for prompt, p, out in zip([b, a, b, a], sp, outs, strict=True):
+        assert out.completion_ids == HFBackend(model, tok).generate([prompt], p)[0].completion_ids
