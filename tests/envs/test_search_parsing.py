@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,3 +59,42 @@ def test_tags_are_case_insensitive_and_span_lines():
 def test_parse_never_raises(text):
     p = parse_action(text, ("search", "answer"))
     assert p.kind in (None, "search", "answer") and isinstance(p.invalid, bool)
+
+
+MB = 1 << 20
+
+
+@pytest.mark.timeout(10)  # the old lazy regex took ~25 min on these inputs; the scan takes milliseconds
+def test_megabyte_of_unclosed_tags_parses_in_linear_time():
+    opens = "<answer>" * (MB // len("<answer>"))
+    assert last_block(opens, "answer") is None
+    assert first_block("<search>" * (MB // len("<search>")), "search") is None
+    assert first_block("<verify>" * (MB // len("<verify>")), "verify") is None
+    p = parse_action("<think>t</think>" + opens, ("answer",))
+    assert (p.kind, p.content, p.invalid, p.reason) == ("answer", None, True, "unclosed <answer> tag")
+    p = parse_action("<search>" * (MB // 8), ("search",), require_think=False)
+    assert (p.kind, p.content, p.reason) == ("search", None, "unclosed <search> tag")
+    # one closing tag at the very end: the block runs from the first opening tag, as the regex did
+    n = MB // len("<answer>")
+    assert last_block(opens + "</answer>", "answer") == "<answer>" * (n - 1)
+    # a megabyte of complete blocks: the last one is graded
+    many = "<answer>x</answer>" * (MB // 18) + "<answer>Paris</answer>"
+    assert last_block(many, "answer") == "Paris"
+
+
+def test_block_scan_keeps_regex_semantics():
+    # nested opening tags belong to the content; a stray closing tag before any opening tag is ignored
+    assert first_block("</a> <a>x<a>y</a> z </a>", "a") == "x<a>y"
+    assert last_block("<a>1</a><A>2</A> <a>3", "a") == "2"
+    assert last_block("<a></a>", "a") == ""
+    assert first_block("<ab>x</ab>", "a") is None
+
+
+@given(st.lists(st.sampled_from(["<a>", "</a>", "<A>", "</A>", "x", " ", "<a", "a>", "\n"]), max_size=12))
+def test_block_scan_equals_the_lazy_regex(parts):
+    import re
+
+    text = "".join(parts)
+    reference = [b.strip() for b in re.findall(r"<a>(.*?)</a>", text, re.IGNORECASE | re.DOTALL)]
+    assert first_block(text, "a") == (reference[0] if reference else None)
+    assert last_block(text, "a") == (reference[-1] if reference else None)

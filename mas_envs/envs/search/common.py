@@ -47,19 +47,42 @@ def _open(tag: str) -> re.Pattern[str]:
     return re.compile(rf"<{tag}>", re.IGNORECASE)
 
 
-def _block(tag: str) -> re.Pattern[str]:
-    return re.compile(rf"<{tag}>(.*?)</{tag}>", re.IGNORECASE | re.DOTALL)
+def _tag_events(tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<(/?){tag}>", re.IGNORECASE)
+
+
+def _blocks(text: str, tag: str, *, first_only: bool = False) -> list[str]:
+    """Raw contents of the complete ``<tag>…</tag>`` blocks, left to right.
+
+    Same result as ``re.findall(r"<tag>(.*?)</tag>", text, re.I | re.S)``, but linear in ``len(text)``: that
+    lazy regex re-scans to the end of the text from every unclosed opening tag, so a reply of repeated
+    ``<answer>`` tags was quadratic (1 MB would take ~25 min). One pass over the tag occurrences instead:
+    an opening tag starts a block, the next closing tag ends it; opening tags inside a block are content and
+    closing tags outside one are ignored, exactly as the regex treats them.
+    """
+    blocks: list[str] = []
+    start = None
+    for m in _tag_events(tag).finditer(text):
+        if start is None:
+            if not m.group(1):
+                start = m.end()
+        elif m.group(1):
+            blocks.append(text[start : m.start()])
+            if first_only:
+                break
+            start = None
+    return blocks
 
 
 def first_block(text: str, tag: str) -> str | None:
-    """Stripped content of the first complete ``<tag>…</tag>`` block, or ``None``."""
-    m = _block(tag).search(text)
-    return m.group(1).strip() if m else None
+    """Stripped content of the first complete ``<tag>…</tag>`` block, or ``None``. Linear time."""
+    blocks = _blocks(text, tag, first_only=True)
+    return blocks[0].strip() if blocks else None
 
 
 def last_block(text: str, tag: str) -> str | None:
-    """Stripped content of the last complete ``<tag>…</tag>`` block, or ``None``."""
-    blocks = _block(tag).findall(text)
+    """Stripped content of the last complete ``<tag>…</tag>`` block, or ``None``. Linear time."""
+    blocks = _blocks(text, tag)
     return blocks[-1].strip() if blocks else None
 
 
