@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mas_envs.rewards.qa import exact_match, f1_score, normalize_answer
 
@@ -48,3 +50,59 @@ def test_f1_hand_computed():
     assert f1_score("Lyon", ["Paris"]) == 0.0
     assert f1_score("", ["Paris"]) == 0.0
     assert f1_score("Paris", ["Paris"]) == 1.0
+
+
+def test_answer_strings_normalises_gold_shapes():
+    import numpy as np
+
+    from mas_envs.rewards.qa import answer_strings
+
+    assert answer_strings("Paris") == ["Paris"]
+    assert answer_strings(["Paris", "Lyon"]) == ["Paris", "Lyon"]
+    assert answer_strings(("Paris",)) == ["Paris"]
+    assert answer_strings(5) == ["5"]
+    assert answer_strings(5.0) == ["5"]  # an integral float is the integer a model would write
+    assert answer_strings(2.5) == ["2.5"]
+    assert answer_strings(np.array(["Paris", "Lyon"], dtype=object)) == ["Paris", "Lyon"]
+    assert answer_strings(np.int64(7)) == ["7"]
+    assert answer_strings([1, "x", None, "", "  ", float("nan"), True]) == ["1", "x"]
+    assert answer_strings(None) == [] and answer_strings([]) == [] and answer_strings(True) == []
+    assert answer_strings(b"Paris") == ["Paris"]
+    from decimal import Decimal
+
+    assert answer_strings(Decimal("12.50")) == ["12.5"] and answer_strings(3 + 0j) == []
+    assert exact_match(Decimal("sNaN"), Decimal("sNaN")) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "golds", "em", "f1"),
+    [
+        (5, ["5"], 1.0, 1.0),  # a number as prediction is stringified
+        ("5", 5, 1.0, 1.0),  # a number as gold too
+        ("5", 5.0, 1.0, 1.0),
+        ("Paris", "Paris", 1.0, 1.0),  # a single string gold
+        ("Paris", None, 0.0, 0.0),  # no gold: 0, not TypeError
+        (None, None, 0.0, 0.0),
+        ("Paris", 3, 0.0, 0.0),
+        # not an answer text: scores 0 (str(["Paris"]) would normalise to "paris" and match)
+        (["Paris"], ["Paris"], 0.0, 0.0),
+        (object(), ["Paris"], 0.0, 0.0),
+        (b"Paris", ["Paris"], 1.0, 1.0),
+    ],
+)
+def test_qa_rewards_are_total(prediction, golds, em, f1):
+    assert exact_match(prediction, golds) == em
+    assert f1_score(prediction, golds) == f1
+
+
+_ANY = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary() | st.decimals(),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=6,
+)
+
+
+@given(_ANY, _ANY)
+def test_qa_rewards_never_raise(prediction, golds):
+    assert exact_match(prediction, golds) in (0.0, 1.0)
+    assert 0.0 <= f1_score(prediction, golds) <= 1.0
