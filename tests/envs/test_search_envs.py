@@ -250,3 +250,61 @@ def test_answer_field_instead_of_golden_answers():
     env.reset(options={"task": {"question": "Capital of France?", "answer": "Paris"}})
     play(env, ["<verify>yes</verify>", f"{THINK}<answer>paris</answer>"])
     assert env.infos["answerer"]["team_reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("gold_fields", "answer", "golds"),
+    [
+        ({"answer": 5}, "5", ["5"]),
+        ({"answer": 5.0}, "5", ["5"]),
+        ({"golden_answers": [1912, "nineteen twelve"]}, "nineteen twelve", ["1912", "nineteen twelve"]),
+        ({"golden_answers": ("Paris",)}, "Paris", ["Paris"]),
+        ({"golden_answers": [], "answer": "Paris"}, "Paris", ["Paris"]),  # empty list: fall back to answer
+        (
+            {"golden_answers": None, "answer": ["Paris", "City of Light"]},
+            "city of light",
+            ["Paris", "City of Light"],
+        ),
+    ],
+)
+@pytest.mark.parametrize("env_cls", [SearchOneAgentEnv, SearchThreeAgentEnv])
+def test_gold_answer_shapes_are_graded(env_cls, gold_fields, answer, golds):
+    from mas_envs.envs.search.common import golden_answers_of
+
+    task = {"id": "g", "question": "Q?", **gold_fields}
+    assert golden_answers_of(task) == golds
+    env = env_cls(retriever=KeywordRetriever(PASSAGES), max_turns=1)
+    env.reset(options={"task": task})  # max_turns=1: the 3-agent env goes straight to the answerer
+    env.step(f"{THINK}<answer>{answer}</answer>")
+    info = env.infos[env.possible_agents[-1]]
+    assert (info["team_reward"], info["success"], info["f1"]) == (1.0, True, 1.0)
+
+
+def test_gold_answers_from_a_numpy_array():
+    import numpy as np
+
+    from mas_envs.envs.search.common import golden_answers_of
+
+    assert golden_answers_of({"golden_answers": np.array(["Paris", "Lyon"], dtype=object)}) == [
+        "Paris",
+        "Lyon",
+    ]
+    assert golden_answers_of({"golden_answers": np.array([3, 4])}) == ["3", "4"]
+
+
+@pytest.mark.parametrize(
+    "gold_fields",
+    [
+        {},
+        {"golden_answers": []},
+        {"answer": None},
+        {"answer": "  "},
+        {"golden_answers": [None, ""]},
+        {"answer": True},
+    ],
+)
+@pytest.mark.parametrize("env_cls", [SearchOneAgentEnv, SearchThreeAgentEnv])
+def test_task_without_a_usable_gold_answer_fails_at_reset(env_cls, gold_fields):
+    env = env_cls(retriever=KeywordRetriever(PASSAGES))
+    with pytest.raises(ValueError, match=r"task 'bad' has no usable gold answer: give it a non-empty"):
+        env.reset(options={"task": {"id": "bad", "question": "Q?", **gold_fields}})

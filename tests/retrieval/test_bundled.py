@@ -91,6 +91,20 @@ def test_load_qa_flashrag_file(tmp_path):
     assert len(load_qa("hotpotqa", limit=5)) == 5
 
 
+def test_load_qa_numeric_and_empty_golds(tmp_path):
+    rows = [
+        {"question": "Q0?", "answer": 5},
+        {"question": "Q1?", "golden_answers": [1912, 3.0]},
+        {"question": "Q2?", "golden_answers": [], "answer": "x"},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [t["golden_answers"] for t in load_qa(path)] == [["5"], ["1912", "3"], ["x"]]
+    path.write_text(json.dumps({"question": "Q?", "golden_answers": [""]}) + "\n")
+    with pytest.raises(KeyError, match="no golden_answers / answer field"):
+        load_qa(path)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # about 4 min on 2 idle cores, but over 15 min on a shared machine
 def test_bundled_index_from_scratch_matches_the_shipped_vectors(tmp_path):

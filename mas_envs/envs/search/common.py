@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mas_envs.core import TranscriptEntry
-from mas_envs.rewards.qa import exact_match, f1_score
+from mas_envs.core import TranscriptEntry, task_id_of
+from mas_envs.rewards.qa import answer_strings, exact_match, f1_score
 
 from .retriever import Passage, Retriever, format_passages
 
@@ -141,11 +141,25 @@ def parse_action(text: str, allowed: Sequence[str], *, require_think: bool = Tru
 
 
 def golden_answers_of(task: dict[str, Any]) -> list[str]:
-    """The task's accepted answers: ``golden_answers`` (list) or ``answer`` (str or list)."""
-    golds = task.get("golden_answers", task.get("answer"))
-    if golds is None:
-        raise ValueError(f"task {task.get('id')!r} has neither 'golden_answers' nor 'answer'")
-    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    """The task's accepted answers as non-blank strings.
+
+    Read from ``golden_answers``, or from ``answer`` when ``golden_answers`` is missing or has no usable
+    entry. Each may be one answer or a list / tuple / numpy array of answers; numbers are stringified the way
+    a model writes them (``5`` and ``5.0`` → ``"5"``), ``None``, blanks and booleans are dropped (see
+    :func:`mas_envs.rewards.qa.answer_strings`).
+
+    Raises:
+        ValueError: no usable gold answer (the search envs call this in ``reset``, so such a task fails there
+            instead of at the end of the episode or, worse, scoring 0 forever).
+    """
+    golds = answer_strings(task.get("golden_answers")) or answer_strings(task.get("answer"))
+    if not golds:
+        raise ValueError(
+            f"task {task_id_of(task)!r} has no usable gold answer: give it a non-empty 'golden_answers' list "
+            f"or an 'answer' (a string, a number or a list of them); got golden_answers="
+            f"{task.get('golden_answers')!r}, answer={task.get('answer')!r}"
+        )
+    return golds
 
 
 def score_answer(answer: str | None, task: dict[str, Any]) -> tuple[float, float]:

@@ -21,6 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mas_envs.rewards.qa import answer_strings
+
 __all__ = ["FLASHRAG_DATASETS", "bundled_hotpotqa", "load_qa"]
 
 # FlashRAG dataset folder name -> data_source reported in metrics.
@@ -57,10 +59,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _golden(row: dict[str, Any], where: str) -> list[str]:
     for key in ("golden_answers", "answer", "answers"):
-        value = row.get(key)
-        if value is None:
-            continue
-        golds = [value] if isinstance(value, str) else [str(v) for v in value]
+        golds = answer_strings(row.get(key))  # numbers stringified, blanks dropped; never raises
         if golds:
             return golds
     raise KeyError(f"{where}: no golden_answers / answer field (columns: {sorted(row)})")

@@ -32,6 +32,7 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from .common import (
     NotesAfterActionMixin,
     check_retriever_arg,
+    golden_answers_of,
     information_block,
     parse_action,
     run_search,
@@ -95,6 +96,7 @@ class SearchOneAgentEnv(NotesAfterActionMixin, TextAECEnv):
         self.topk = topk
 
     def _start(self, task: dict[str, Any]) -> str:
+        golden_answers_of(task)  # a task without a usable gold answer fails here, not at episode end
         self.steps: list[str] = []  # the agent's turns and the env's replies, in order
         self.answer: str | None = None
         self.num_searches = 0

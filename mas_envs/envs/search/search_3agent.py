@@ -54,6 +54,7 @@ from .common import (
     NotesAfterActionMixin,
     check_retriever_arg,
     first_block,
+    golden_answers_of,
     information_block,
     parse_action,
     run_search,
@@ -153,6 +154,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
 
     # --- episode logic -----------------------------------------------------------------------------------
     def _start(self, task: dict[str, Any]) -> str:
+        golden_answers_of(task)  # a task without a usable gold answer fails here, not at episode end
         self.search_turn = 1  # 1-based turn in the reference's sense
         self.history: list[tuple[str, str]] = []
         self.verifier_reply: str | None = None
