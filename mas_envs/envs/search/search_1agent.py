@@ -17,7 +17,8 @@ Each turn the first action tag decides: a search runs the retriever and appends 
 `<answer>` block is graded). A turn with no complete action tag is invalid and the env adds a reminder of the
 format (as Search-R1 does). The prompt of the last turn tells the agent to answer now; a search on the last
 turn is still run, but the episode then ends by truncation with R = 0, as in Search-R1. Parsing rules are in
-`mas_envs.envs.search.common`; arguments as in `search-3agent`.
+`mas_envs.envs.search.common`; arguments as in `search-3agent` (a query is cut to its first 512
+characters before it is searched; a task without a usable gold answer makes `reset` raise `ValueError`).
 
 **Version history.** v0: first version.
 """

@@ -38,7 +38,9 @@ the verifier's reply of this turn (its teammate's reasoning, as in the reference
 **Arguments.** `retriever`: an object with `search(queries, topk)`, a URL or list of URLs of a
 `mas-index serve` / Search-R1 server, an index directory, or `None` for the bundled HotpotQA index (built on
 first use from shipped embeddings; needs the `search` extra). `topk` passages per search. `max_turns` turns.
-`last_turn` as above. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
+`last_turn` as above. A query is cut to its first 512 characters (`MAX_QUERY_CHARS`) before it is
+searched, without penalty; the history shows the cut query. A task needs a usable gold answer (`golden_answers`
+or `answer`: a string, a number or a list of them), else `reset` raises `ValueError`. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
 
 **Version history.** v0: first version.
 """
@@ -53,6 +55,7 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from .common import (
     NotesAfterActionMixin,
     check_retriever_arg,
+    clip_query,
     first_block,
     golden_answers_of,
     information_block,
@@ -179,9 +182,10 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         if agent == SEARCHER:
             parsed = parse_action(action, allowed=("search",))
             if parsed.kind == "search" and parsed.content:
-                _, body = run_search(self.retriever, parsed.content, self.topk)
+                query = clip_query(parsed.content)
+                _, body = run_search(self.retriever, query, self.topk)
                 info = information_block(body)
-                self.history.append((parsed.content, info))
+                self.history.append((query, info))
                 self._note_after(info)
             else:
                 info = information_block(f"No search was run: {parsed.reason}.")
