@@ -56,7 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-queries", type=int, default=512, help="queries per request")
-    s.add_argument("--max-query-chars", type=int, default=4096, help="characters per query")
+    s.add_argument("--max-query-chars", type=int, default=1024, help="characters per query")
+    s.add_argument(
+        "--max-total-chars", type=int, default=65536, help="characters over all queries of one request"
+    )
     s.add_argument("--max-topk", type=int, default=100, help="passages per query")
 
     q = sub.add_parser("query", help="search an index or a server and print the passages")
@@ -117,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
 
             retriever = _open(args)
             limits = Limits(
-                max_queries=args.max_queries, max_query_chars=args.max_query_chars, max_topk=args.max_topk
+                max_queries=args.max_queries,
+                max_query_chars=args.max_query_chars,
+                max_total_chars=args.max_total_chars,
+                max_topk=args.max_topk,
             )
             print(
                 f"serving {len(retriever)} passages on http://{args.host}:{args.port}/retrieve",

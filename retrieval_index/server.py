@@ -32,8 +32,11 @@ class Limits:
 
     max_queries: int = 512
     """queries per request (Search-R1 clients send one rollout batch at a time)"""
-    max_query_chars: int = 4096
-    """characters per query"""
+    max_query_chars: int = 1024
+    """characters per query (the search envs already cut queries to 512)"""
+    max_total_chars: int = 65536
+    """characters over all queries of one request: encoding costs ~1 ms per character on a CPU, so this bounds
+    how long one request can hold the (serialised) index"""
     max_topk: int = 100
     """passages per query"""
     default_topk: int = 3
@@ -90,6 +93,13 @@ def create_app(retriever, limits: Limits = Limits()):
         if longest > limits.max_query_chars:
             raise HTTPException(
                 422, f"a query has {longest} characters; the limit is {limits.max_query_chars}"
+            )
+        total = sum(len(q) for q in queries)
+        if total > limits.max_total_chars:
+            raise HTTPException(
+                422,
+                f"the queries have {total} characters in all; the limit per request is {limits.max_total_chars}: "
+                "split them over several requests",
             )
         if not 1 <= topk <= limits.max_topk:
             raise HTTPException(422, f"topk must be between 1 and {limits.max_topk}, got {topk}")

@@ -21,7 +21,9 @@ def retriever(corpus_path):
 
 @pytest.fixture
 def client(retriever):
-    return TestClient(create_app(retriever, Limits(max_queries=4, max_query_chars=50, max_topk=5)))
+    return TestClient(
+        create_app(retriever, Limits(max_queries=4, max_query_chars=50, max_total_chars=120, max_topk=5))
+    )
 
 
 def test_search_r1_batch_shape_with_scores(client, retriever):
@@ -61,6 +63,7 @@ def test_single_query_shape_and_scores_off(client):
         ({"queries": ["a"] * 5}, "between 1 and 4, got 5"),
         ({"queries": []}, "between 1 and 4, got 0"),
         ({"query": "x" * 51}, "51 characters; the limit is 50"),
+        ({"queries": ["x" * 50, "y" * 50, "z" * 21]}, "121 characters in all; the limit per request is 120"),
         ({"query": "x", "topk": 6}, "topk must be between 1 and 5, got 6"),
         ({"query": "x", "topk": 0}, "topk must be between 1 and 5, got 0"),
         ({"query": "x", "queries": ["y"]}, "exactly one of"),
