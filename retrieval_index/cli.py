@@ -5,7 +5,7 @@ Examples::
     mas-index build --corpus wiki-18.jsonl --out indexes/wiki18-e5 --encoder intfloat/e5-base-v2
     mas-index serve --index indexes/wiki18-e5 --port 8000          # binds 127.0.0.1
     mas-index query --url http://127.0.0.1:8000/retrieve "who wrote animal farm" -k 3
-    mas-index query --bundled "Which band released Dookie?"        # the bundled HotpotQA index
+    mas-index query --bundled "Where did the Fyre Festival take place?"  # the bundled HotpotQA index
 """
 
 from __future__ import annotations
