@@ -380,7 +380,9 @@ class TrainConfig:
         ),
     )
     resume: str | None = _help(
-        "Continue a run: a checkpoint folder, or a run folder (its latest checkpoint).", default=None
+        "Continue a run: a checkpoint folder (runs/<run>/checkpoints/step-N), a run folder (its newest "
+        "checkpoint), or 'latest' (the newest checkpoint of any run under --output_dir).",
+        default=None,
     )
 
     def __post_init__(self) -> None:

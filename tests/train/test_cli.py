@@ -119,3 +119,14 @@ def test_tiny_end_to_end_train_then_eval(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["eval/num_tasks"] == 2 and 0.0 <= metrics["eval/avg@2"] <= metrics["eval/pass@2"] <= 1.0
+
+
+def test_help_for_resume_names_every_accepted_form(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option, so the help text is matched whole
+    with pytest.raises(SystemExit) as exc:
+        train_main(["--help"])
+    assert exc.value.code == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.lstrip().startswith("--resume"))
+    assert "checkpoint folder (runs/<run>/checkpoints/step-N)" in line
+    assert "a run folder (its newest checkpoint)" in line
+    assert "'latest' (the newest checkpoint of any run under --output_dir)" in line
