@@ -79,6 +79,35 @@ def _resume_target(cfg):
     return cfg, ckpt
 
 
+def _already_complete(cfg, ckpt: Path, out, t_start: float) -> dict[str, Any] | None:
+    """The summary of a run whose checkpoint already reached ``max_steps`` (after printing why nothing is done),
+    else ``None``. Checked before any model is loaded or anything is written, so resuming a finished run leaves
+    its folder untouched instead of re-running the final eval and appending it to the logs again."""
+    from mas_train.checkpoint import load_trainer_state
+
+    step = int(load_trainer_state(ckpt)["step"])
+    if step < cfg.max_steps:
+        return None
+    run_dir = ckpt.parent.parent
+    print(
+        f"mas-train: run {run_dir} is already complete at step {step} (max_steps {cfg.max_steps}); "
+        "raise --max_steps to train further",
+        file=out,
+    )
+    out.flush()
+    return {
+        "run_dir": str(run_dir),
+        "metrics_file": str(run_dir / "metrics.jsonl") if "jsonl" in cfg.report_to else None,
+        "tensorboard_dir": str(run_dir / "tb") if "tensorboard" in cfg.report_to else None,
+        "checkpoint": str(ckpt),
+        "steps": step,
+        "wall_seconds": time.perf_counter() - t_start,
+        "last": {},
+        "eval": {},
+        "already_complete": True,
+    }
+
+
 def _bar_text(metrics: dict[str, float], agents: Sequence[str]) -> str:
     parts = [f"{short}={metrics[k]:.2f}" for k, short in _BAR_KEYS if k in metrics]
     for a in agents:
@@ -93,7 +122,8 @@ def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
 
     Returns:
         A summary: ``run_dir``, ``metrics_file``, ``tensorboard_dir``, ``checkpoint``, ``steps``,
-        ``wall_seconds``, ``last`` (last step's metrics), ``eval`` (last evaluation).
+        ``wall_seconds``, ``last`` (last step's metrics), ``eval`` (last evaluation), ``already_complete``
+        (``True`` when ``--resume`` pointed at a checkpoint at or past ``max_steps``: nothing was run or written).
 
     Raises:
         ConfigError: invalid settings (before any model is loaded).
@@ -108,6 +138,10 @@ def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
     out = out or sys.stdout
     t_start = time.perf_counter()
     cfg, ckpt = _resume_target(cfg)
+    if ckpt is not None:
+        done = _already_complete(cfg, ckpt, out, t_start)
+        if done is not None:
+            return done
     probe = _make_env(cfg)
     agents = list(probe.possible_agents)
     resolved = cfg.resolve(agents)
@@ -177,6 +211,7 @@ def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
         "wall_seconds": time.perf_counter() - t_start,
         "last": last,
         "eval": trainer.last_eval,
+        "already_complete": False,
     }
     _print_summary(summary, out)
     return summary

@@ -130,3 +130,33 @@ def test_help_for_resume_names_every_accepted_form(capsys, monkeypatch):
     assert "checkpoint folder (runs/<run>/checkpoints/step-N)" in line
     assert "a run folder (its newest checkpoint)" in line
     assert "'latest' (the newest checkpoint of any run under --output_dir)" in line
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_resuming_a_finished_run_says_so_and_touches_nothing(capsys, tmp_path):
+    import torch
+
+    from mas_train.config import parse_args
+
+    # A run that reached max_steps=2: its last checkpoint, config and logs, as mas-train leaves them.
+    run = tmp_path / "done"
+    ckpt = run / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    cfg = parse_args([*TINY, "--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "done"])
+    cfg.to_yaml(ckpt / "config.yaml")
+    torch.save({"step": 2}, ckpt / "trainer_state.pt")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 2, "eval/avg@2": 0.0}\n')
+    (run / "tb").mkdir()
+    before = _tree(tmp_path)
+
+    code = train_main([*TINY, "--max_steps", "2", "--output_dir", str(tmp_path), "--resume", "latest"])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out == (
+        f"mas-train: run {run} is already complete at step 2 (max_steps 2); raise --max_steps to train further\n"
+    )
+    assert _tree(tmp_path) == before  # no eval re-run, no new metrics line, no new events file
