@@ -132,7 +132,7 @@ def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from mas_train.checkpoint import list_checkpoints
-    from mas_train.tracking import RunLogger, truncate_jsonl
+    from mas_train.tracking import RunLogger
     from mas_train.trainer import MultiGroupTrainer
 
     out = out or sys.stdout
@@ -164,11 +164,15 @@ def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
             print(f"  resumed from {ckpt} at step {trainer.step}", file=out)
         start_step = trainer.step
         metrics_file = run_dir / "metrics.jsonl"
-        if ckpt is not None and metrics_file.exists():
-            truncate_jsonl(metrics_file, trainer.step)  # steps after the checkpoint are redone
         if ckpt is None:
             cfg.to_yaml(run_dir / "config.yaml")
-        logger = RunLogger(run_dir, cfg.report_to, run_name=resolved.run_name, config=cfg.to_dict())
+        logger = RunLogger(
+            run_dir,
+            cfg.report_to,
+            run_name=resolved.run_name,
+            config=cfg.to_dict(),
+            resume_step=trainer.step if ckpt is not None else None,
+        )
         last: dict[str, float] = {}
         saved_at = evaluated_at = -1
         bar = tqdm(

@@ -27,9 +27,15 @@ class RunLogger:
         report_to: sink names.
         run_name: the W&B run name.
         config: the run config as a dict (W&B config).
+        resume_step: the checkpoint step a resumed run continues from; ``None`` for a fresh run.
 
-    The JSONL file is opened in append mode, so a resumed run continues the same file; each line is
-    ``{"step": int, "time": float, <metric>: float, ...}`` (non-finite values written as ``null``).
+    Each JSONL line is ``{"step": int, "time": float, <metric>: float, ...}`` (non-finite values written as
+    ``null``); a step can have two lines (training metrics, then ``eval/…``). A resumed run continues the same
+    file. Lines of steps after ``resume_step`` (an earlier attempt that got further than its last checkpoint)
+    are kept until the resumed run logs that step again, and only then dropped: history is never lost if the
+    resumed run stops early, and after it passes those steps the file again holds one attempt per step, in step
+    order. While such stale lines remain, each log rewrites the file (atomic rename) with the new line placed
+    before them.
     """
 
     def __init__(
@@ -39,12 +45,22 @@ class RunLogger:
         *,
         run_name: str = "",
         config: Mapping[str, Any] | None = None,
+        resume_step: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         sinks = set(report_to) - {"none"}
         self.jsonl_path = self.run_dir / "metrics.jsonl" if "jsonl" in sinks else None
-        self._jsonl = self.jsonl_path.open("a", encoding="utf-8") if self.jsonl_path else None
+        # (kept lines, stale lines) while a resumed run has not yet redone every step an earlier attempt logged.
+        self._pending: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+        if self.jsonl_path is not None and resume_step is not None and self.jsonl_path.exists():
+            records = read_jsonl(self.jsonl_path)
+            stale = [r for r in records if int(r.get("step", 0)) > resume_step]
+            if stale:
+                self._pending = ([r for r in records if int(r.get("step", 0)) <= resume_step], stale)
+        self._jsonl = None
+        if self.jsonl_path is not None and self._pending is None:
+            self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
         self.tb_dir = None
         self._tb = None
         if "tensorboard" in sinks:
@@ -71,12 +87,15 @@ class RunLogger:
         clean = {
             k: (float(v) if v is not None and math.isfinite(float(v)) else None) for k, v in metrics.items()
         }
-        if self._jsonl is not None:
+        if self.jsonl_path is not None:
             import time
 
             line = {"step": int(step), "time": time.time(), **clean, **dict(extra or {})}
-            self._jsonl.write(json.dumps(line) + "\n")
-            self._jsonl.flush()
+            if self._pending is not None:
+                self._replace_stale(line)
+            else:
+                self._jsonl.write(json.dumps(line) + "\n")
+                self._jsonl.flush()
         if self._tb is not None:
             for k, v in clean.items():
                 if v is not None:
@@ -84,6 +103,18 @@ class RunLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
+
+    def _replace_stale(self, line: dict[str, Any]) -> None:
+        kept, stale = self._pending
+        step = line["step"]
+        kept.append(line)
+        stale = [r for r in stale if int(r.get("step", 0)) > step]
+        _write_jsonl(self.jsonl_path, kept + stale)
+        if stale:
+            self._pending = (kept, stale)
+        else:  # every step of the earlier attempt is redone: back to plain appending
+            self._pending = None
+            self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
 
     def close(self) -> None:
         if self._jsonl is not None:
@@ -111,7 +142,12 @@ def truncate_jsonl(path: str | Path, max_step: int) -> int:
     path = Path(path)
     records = read_jsonl(path)
     keep = [r for r in records if int(r.get("step", 0)) <= max_step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    tmp.replace(path)
+    _write_jsonl(path, keep)
     return len(records) - len(keep)
+
+
+def _write_jsonl(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    # Through a temporary file and a rename, so a run killed mid-write leaves the old file, never half of one.
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    tmp.replace(path)

@@ -20,6 +20,7 @@ from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
 from mas_train.checkpoint import find_checkpoint, list_checkpoints  # noqa: E402
 from mas_train.config import TrainConfig  # noqa: E402
+from mas_train.tracking import RunLogger, read_jsonl  # noqa: E402
 from mas_train.trainer import MultiGroupTrainer  # noqa: E402
 
 
@@ -76,6 +77,44 @@ def test_checkpoint_folders_are_atomic(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step-000002"]
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         find_checkpoint(tmp_path / "nothing")
+
+
+def _lines(run: Path) -> list[tuple[int, str, float]]:
+    """(step, kind, value) per metrics.jsonl line, without the wall-clock time."""
+    out = []
+    for r in read_jsonl(run / "metrics.jsonl"):
+        kind = "eval" if "eval/avg@2" in r else "train"
+        out.append((r["step"], kind, r["eval/avg@2" if kind == "eval" else "charts/reward"]))
+    return out
+
+
+def test_resumed_metrics_keep_history_until_each_step_is_redone(tmp_path):
+    run = tmp_path / "run"
+    # The first attempt logged steps 1-4 (eval at 4), but its newest checkpoint is step 2.
+    first = RunLogger(run, ["jsonl"])
+    for step in (1, 2, 3, 4):
+        first.log(step, {"charts/reward": step / 10})
+    first.log(4, {"eval/avg@2": 0.5})
+    first.close()
+
+    # A resume from step 2 that is stopped after redoing step 3: the old step 4 lines must survive.
+    stopped = RunLogger(run, ["jsonl"], resume_step=2)
+    stopped.log(3, {"charts/reward": 0.33})
+    stopped.close()
+    assert _lines(run) == [(1, "train", 0.1), (2, "train", 0.2), (3, "train", 0.33), (4, "train", 0.4),
+                           (4, "eval", 0.5)]  # fmt: skip
+
+    # A second resume from step 2 that completes: one attempt per step, the newest, in step order.
+    done = RunLogger(run, ["jsonl"], resume_step=2)
+    done.log(3, {"charts/reward": 0.3})
+    assert _lines(run)[2:] == [(3, "train", 0.3), (4, "train", 0.4), (4, "eval", 0.5)]
+    done.log(4, {"charts/reward": 0.44})
+    done.log(4, {"eval/avg@2": 0.55})
+    done.log(5, {"charts/reward": 0.5})  # past the old attempt: appended
+    done.close()
+    assert _lines(run) == [(1, "train", 0.1), (2, "train", 0.2), (3, "train", 0.3), (4, "train", 0.44),
+                           (4, "eval", 0.55), (5, "train", 0.5)]  # fmt: skip
+    assert not (run / "metrics.jsonl.tmp").exists()
 
 
 def _cmd():
