@@ -8,6 +8,7 @@ setting. ``mas-eval`` scores a checkpoint or any model with avg@k / pass@k per d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -108,6 +109,32 @@ def _already_complete(cfg, ckpt: Path, out, t_start: float) -> dict[str, Any] | 
     }
 
 
+@contextlib.contextmanager
+def _off_the_clock(bar):
+    """Leave the time spent inside out of ``bar``'s elapsed time and rate (s/step), so a checkpoint save or an
+    eval does not make the training steps look slower."""
+    t0 = time.time()  # tqdm's own clock
+    try:
+        yield
+    finally:
+        if not bar.disable:
+            dt = time.time() - t0
+            bar.start_t += dt  # the average rate
+            bar.last_print_t += dt  # the smoothed rate (per-print increments)
+
+
+def _save(trainer, say) -> None:
+    say(f"  saving checkpoint step-{trainer.step:06d}…")
+    trainer.save_checkpoint()
+
+
+def _evaluate(trainer, say) -> dict[str, float]:
+    cfg = trainer.cfg
+    n = len(trainer.eval_tasks[: cfg.eval_num_tasks] if cfg.eval_num_tasks else trainer.eval_tasks)
+    say(f"  evaluating on {n} tasks × k={cfg.eval_k} at step {trainer.step}…")
+    return trainer.evaluate()
+
+
 def _bar_text(metrics: dict[str, float], agents: Sequence[str]) -> str:
     parts = [f"{short}={metrics[k]:.2f}" for k, short in _BAR_KEYS if k in metrics]
     for a in agents:
@@ -157,11 +184,22 @@ def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
     )
     out.flush()
 
+    def say(msg: str) -> None:
+        # tqdm.write clears and redraws the bar around the line, so status lines never break it.
+        tqdm.write(msg, file=out)
+        out.flush()
+
+    t0 = time.perf_counter()
+    say("  loading models…")
     trainer = MultiGroupTrainer(resolved)
     try:
         if ckpt is not None:
+            say(f"  loading checkpoint {ckpt.name}…")
             trainer.load_checkpoint(ckpt)
             print(f"  resumed from {ckpt} at step {trainer.step}", file=out)
+        say(
+            f"  ready in {time.perf_counter() - t0:.1f} s; step {trainer.step + 1} starts with the first rollout"
+        )
         start_step = trainer.step
         metrics_file = run_dir / "metrics.jsonl"
         if ckpt is None:
@@ -191,17 +229,19 @@ def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
                 bar.set_postfix_str(_bar_text(last, agents), refresh=False)
                 bar.update(1)
                 if cfg.save_steps and trainer.step % cfg.save_steps == 0:
-                    trainer.save_checkpoint()
+                    with _off_the_clock(bar):
+                        _save(trainer, say)
                     saved_at = trainer.step
                 if cfg.eval_steps and trainer.step % cfg.eval_steps == 0:
-                    logger.log(trainer.step, trainer.evaluate())
+                    with _off_the_clock(bar):
+                        logger.log(trainer.step, _evaluate(trainer, say))
                     evaluated_at = trainer.step
         finally:
             bar.close()
         if trainer.step > start_step and saved_at != trainer.step:
-            trainer.save_checkpoint()
+            _save(trainer, say)
         if cfg.eval_steps and evaluated_at != trainer.step:
-            logger.log(trainer.step, trainer.evaluate())
+            logger.log(trainer.step, _evaluate(trainer, say))
         logger.close()
     finally:
         trainer.close()

@@ -25,6 +25,7 @@ What TRL would do and we do ourselves:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -440,6 +441,22 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+@contextlib.contextmanager
+def hf_progress_bars_off():
+    """Silence transformers' (and huggingface_hub's) tqdm bars, e.g. "Writing model shards" and "Loading
+    weights", for the block: they would interleave with mas-train's own progress bar. Restores the previous
+    setting on exit."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def timed(fn, *args, **kwargs):
     """``(result, seconds)`` of ``fn(*args, **kwargs)``."""
     t0 = time.perf_counter()
@@ -490,9 +507,10 @@ class ModelGroupWorker:
         self.agents = tuple(g.agents)
         self.device = _device(cfg.device)
         self.model_path = resolve_model_path(g.model)
-        model, tok = load_model_and_tokenizer(
-            self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=self.device
-        )
+        with hf_progress_bars_off():
+            model, tok = load_model_and_tokenizer(
+                self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=self.device
+            )
         self.tokenizer = tok
         self.num_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
         samplings = [resolved.agents[a].sampling for a in self.agents]
@@ -578,8 +596,9 @@ class ModelGroupWorker:
         folder = Path(folder)
         (folder / "model").mkdir(parents=True, exist_ok=True)
         model = self.trainer.accelerator.unwrap_model(self.model)
-        model.save_pretrained(folder / "model")
-        self.tokenizer.save_pretrained(folder / "model")
+        with hf_progress_bars_off():
+            model.save_pretrained(folder / "model")
+            self.tokenizer.save_pretrained(folder / "model")
         torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
         torch.save(self.trainer.lr_scheduler.state_dict(), folder / "scheduler.pt")
         (folder / "state.json").write_text(
@@ -603,7 +622,8 @@ class ModelGroupWorker:
         for name in ("model", "optimizer.pt", "scheduler.pt", "state.json"):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / name}")
-        saved = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=self.model.dtype)
+        with hf_progress_bars_off():
+            saved = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=self.model.dtype)
         missing, unexpected = self.trainer.accelerator.unwrap_model(self.model).load_state_dict(
             saved.state_dict(), strict=False
         )

@@ -160,3 +160,52 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(capsys, tmp_path):
         f"mas-train: run {run} is already complete at step 2 (max_steps 2); raise --max_steps to train further\n"
     )
     assert _tree(tmp_path) == before  # no eval re-run, no new metrics line, no new events file
+
+
+def test_status_lines_go_through_the_bar_and_library_bars_stay_quiet(capfd, tmp_path):
+    import io
+
+    from transformers.utils import logging as hf_logging
+
+    from mas_train.cli import run_training
+    from mas_train.config import parse_args
+
+    cfg = parse_args(
+        [*TINY, "--max_steps", "2", "--save_steps", "1", "--eval_steps", "2", "--report_to", "jsonl"]
+        + ["--output_dir", str(tmp_path), "--run_name", "st"]
+    )
+    out = io.StringIO()
+    run_training(cfg, progress=True, out=out)
+    status = [x for x in out.getvalue().splitlines() if x.endswith("…")]
+    assert status == [
+        "  loading models…",
+        "  saving checkpoint step-000001…",
+        "  saving checkpoint step-000002…",
+        "  evaluating on 1 tasks × k=2 at step 2…",
+    ]
+    assert any(x.startswith("  ready in ") and x.endswith("step 1 starts with the first rollout") for x in
+               out.getvalue().splitlines())  # fmt: skip
+    err = capfd.readouterr().err
+    assert "mas-train: 100%" in err  # our bar was drawn (stderr) ...
+    assert (
+        "Writing model shards" not in err and "Loading weights" not in err
+    )  # ... and transformers' were not
+    assert hf_logging.is_progress_bar_enabled()  # switched back on after each save / load
+
+
+def test_time_off_the_clock_is_left_out_of_the_bar_rate():
+    import io
+    import time
+
+    from tqdm import tqdm
+
+    from mas_train.cli import _off_the_clock
+
+    bar = tqdm(total=4, file=io.StringIO(), mininterval=0)
+    bar.update(1)
+    with _off_the_clock(bar):
+        time.sleep(0.5)  # an eval
+    bar.update(1)
+    elapsed = bar.format_dict["elapsed"]
+    bar.close()
+    assert elapsed < 0.25  # without the shift it would be >= 0.5 s
