@@ -3,7 +3,7 @@
 A random-init model never writes a valid action, so every turn scores the same, every advantage is 0 and
 nothing trains. These models give the math-2agent env varied scores from the first step: from the last prompt
 token (``"\\n"`` after ``<|im_start|>assistant``) the model continues the scripted text with probability
-``p_follow`` (then the rest of the script with probability ~1, ending in EOS) and otherwise samples uniformly
+``p_follow`` at temperature 1 (then the rest of the script with probability ~1, ending in EOS) and otherwise samples uniformly
 (junk, an invalid action).
 """
 

@@ -158,7 +158,7 @@ def test_ray_pool_trains_bit_identically_to_the_local_pool(ray_cluster, branchin
                 "num_generations": 4,
                 "tasks_per_step": 2,
                 "learning_rate": 1e-3,
-                "sampling": {"max_new_tokens": 8},
+                "sampling": {"temperature": 1.0, "max_new_tokens": 8},  # p_follow holds at T = 1 only
                 "report_to": ["none"],
                 "pool": pool_kind,
                 "seed": 0,
