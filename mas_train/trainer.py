@@ -261,20 +261,12 @@ class GroupGRPOTrainer(GRPOTrainer):
         return logps, ent, aux
 
     @torch.no_grad()
-    def _policy_logps(self, inputs: dict) -> torch.Tensor:
+    def _frozen_logps(self, model, inputs: dict) -> torch.Tensor:
+        """Per-token completion logprobs ``(B, T)`` of ``model`` (the policy or the KL reference), no grad."""
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         logps, _, _ = super()._get_per_token_logps_and_entropies(
-            self.model, input_ids, attn, inputs["completion_ids"].size(1)
-        )
-        return logps
-
-    @torch.no_grad()
-    def _ref_logps(self, inputs: dict) -> torch.Tensor:
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logps, _, _ = super()._get_per_token_logps_and_entropies(
-            self.ref_model, input_ids, attn, inputs["completion_ids"].size(1)
+            model, input_ids, attn, inputs["completion_ids"].size(1)
         )
         return logps
 
@@ -335,9 +327,9 @@ class GroupGRPOTrainer(GRPOTrainer):
                 total_tokens * self.args.steps_per_generation / n_micro, dtype=torch.float32
             )
             if need_old:
-                inp["old_per_token_logps"] = self._policy_logps(inp)
+                inp["old_per_token_logps"] = self._frozen_logps(self.model, inp)
             if self.beta != 0.0:
-                inp["ref_per_token_logps"] = self._ref_logps(inp)
+                inp["ref_per_token_logps"] = self._frozen_logps(self.ref_model, inp)
             prepared.append((agent, inp))
         if use_is and need_old:
             for _, inp in prepared:

@@ -118,7 +118,7 @@ def test_importance_sampling_ratio_from_sampling_logprobs(tiny_model_and_tokeniz
     tr = _trainer(tiny_model_and_tokenizer, tmp_path)  # TRL default: sequence_mask, clip max 3
     samples = _samples(2, 0)
     inputs = tr.build_inputs(samples, [1.0, -1.0])
-    true = tr._policy_logps(inputs)
+    true = tr._frozen_logps(tr.model, inputs)
     on_policy = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)
