@@ -130,6 +130,24 @@ def _earliest_stop(
     return hi - 1, min(hit(hi), key=text.find)
 
 
+def parse_sglang_outputs(
+    outs: Mapping | Sequence[Mapping], samplings: Sequence[SamplingParams], *, weight_version: int, tokenizer
+) -> list[GenerationOutput]:
+    """Parse one batched SGLang answer (a list of outputs, or one dict for a single prompt), in prompt order.
+
+    Raises:
+        RuntimeError: the number of outputs differs from the number of prompts, or one output is malformed.
+    """
+    if isinstance(outs, Mapping):
+        outs = [outs]
+    if len(outs) != len(samplings):
+        raise RuntimeError(f"SGLang returned {len(outs)} outputs for {len(samplings)} prompts")
+    return [
+        parse_sglang_output(o, s, weight_version=weight_version, tokenizer=tokenizer)
+        for o, s in zip(outs, samplings, strict=True)
+    ]
+
+
 def parse_sglang_output(
     out: Mapping[str, Any],
     sampling: SamplingParams,
@@ -437,14 +455,7 @@ class SGLangEngineBackend:
             sampling_params=[to_sglang_sampling_params(s) for s in samplings],
             return_logprob=True,
         )
-        if isinstance(outs, Mapping):
-            outs = [outs]
-        if len(outs) != len(prompts):
-            raise RuntimeError(f"SGLang returned {len(outs)} outputs for {len(prompts)} prompts")
-        return [
-            parse_sglang_output(o, s, weight_version=version, tokenizer=self.tokenizer)
-            for o, s in zip(outs, samplings, strict=True)
-        ]
+        return parse_sglang_outputs(outs, samplings, weight_version=version, tokenizer=self.tokenizer)
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
@@ -753,13 +764,7 @@ class SGLangHTTPBackend:
         if isinstance(outs, Mapping):
             if "error" in outs:
                 raise RuntimeError(f"SGLang /generate error: {outs['error']}")
-            outs = [outs]
-        if len(outs) != len(prompts):
-            raise RuntimeError(f"SGLang returned {len(outs)} outputs for {len(prompts)} prompts")
-        return [
-            parse_sglang_output(o, s, weight_version=version, tokenizer=self.tokenizer)
-            for o, s in zip(outs, samplings, strict=True)
-        ]
+        return parse_sglang_outputs(outs, samplings, weight_version=version, tokenizer=self.tokenizer)
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
