@@ -19,36 +19,6 @@ from tests.backends.fake_sglang import FakeEngine, FakeEngineLegacy, FakeRuntime
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-@pytest.fixture(scope="module")
-def model_path(request):
-    """The tiny Qwen3 test model folder (tests/conftest.py's ``tiny_qwen3_path`` when present)."""
-    try:
-        return request.getfixturevalue("tiny_qwen3_path")
-    except pytest.FixtureLookupError:
-        from mas_train.models import resolve_model_path
-
-        return resolve_model_path("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def runtime(model_path):
-    torch.set_num_threads(1)
-    return FakeRuntime(model_path, random_seed=0)
-
-
-@pytest.fixture
-def fresh_runtime(runtime, model_path):
-    """The shared runtime with its original weights and an empty call log (tests mutate weights)."""
-    from transformers import AutoModelForCausalLM
-
-    original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
-    runtime.model.load_state_dict(original)
-    runtime.calls.clear()
-    runtime.released = False
-    yield runtime
-    runtime.model.load_state_dict(original)
-
-
 def _ids(tok, text):
     return tok.encode(text, add_special_tokens=False)
 

@@ -11,40 +11,16 @@ from fastapi.testclient import TestClient
 
 from mas_train.backends.base import GenerationBackend, SamplingParams
 from mas_train.backends.sglang import SGLangHTTPBackend
-from tests.backends.fake_sglang import FakeRuntime, make_app, script_model
+from tests.backends.fake_sglang import make_app, script_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-@pytest.fixture(scope="module")
-def model_path(request):
-    """The tiny Qwen3 test model folder (tests/conftest.py's ``tiny_qwen3_path`` when present)."""
-    try:
-        return request.getfixturevalue("tiny_qwen3_path")
-    except pytest.FixtureLookupError:
-        from mas_train.models import resolve_model_path
-
-        return resolve_model_path("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def runtime(model_path):
-    torch.set_num_threads(1)
-    return FakeRuntime(model_path, random_seed=0)
-
-
 @pytest.fixture
-def server(runtime, model_path):
+def server(fresh_runtime):
     """(runtime, TestClient) with the original weights restored and an empty call log."""
-    from transformers import AutoModelForCausalLM
-
-    original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
-    runtime.model.load_state_dict(original)
-    runtime.calls.clear()
-    runtime.released = False
-    with TestClient(make_app(runtime)) as client:
-        yield runtime, client
-    runtime.model.load_state_dict(original)
+    with TestClient(make_app(fresh_runtime)) as client:
+        yield fresh_runtime, client
 
 
 def _backend(client, path, **kw):
