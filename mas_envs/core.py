@@ -15,7 +15,8 @@ What the base class does
   `truncations` (the `max_turns` cap), the global turn counter, and `infos`.
 * `infos[agent]` always holds `messages` (that agent's prompt as chat messages), `turn` (0-based index of the
   next turn, global across agents), `task_id` and `invalid_action` (whether the agent's last action was
-  malformed). When the episode ends every agent also gets `team_reward` (R, no penalties) and `success`.
+  malformed). When the episode ends every agent also gets `team_reward` (R, no penalties), `success` and
+  `episode_metrics` (the env's per-episode metrics from `Outcome.metrics`, name -> float).
 * One cached `UnicodeText` space per agent for observations and actions: any Unicode string, empty allowed.
 * `render()` with `render_mode="ansi"` returns the transcript; `state()` returns it too.
 * Pickling: envs hold only plain data, so `pickle.dumps(env)` works at any point (tested after reset).
@@ -158,10 +159,16 @@ class Outcome:
     Attributes:
         team_reward: R, given to every agent (the paper's shared outcome reward; penalties not included).
         success: whether the task was solved (counts for avg@k / pass@k).
+        metrics: optional per-episode env metrics, name -> float (e.g. ``{"verifier_accuracy": 1.0}``).
+            They reach every agent's ``infos[agent]["episode_metrics"]`` at the end of the episode; the
+            trainer logs their mean over a step's episodes as ``env/<name>`` and ``mas-eval`` as
+            ``eval/env/<name>``. An episode may leave a metric out (e.g. no verifier turn happened): means are
+            taken over the episodes that report it. Names use letters, digits, ``_`` and ``/``.
     """
 
     team_reward: float
     success: bool
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +460,7 @@ class TextAECEnv(AECEnv[str, str, str]):
                 self.rewards[a] += float(outcome.team_reward)
                 self.infos[a]["team_reward"] = float(outcome.team_reward)
                 self.infos[a]["success"] = bool(outcome.success)
+                self.infos[a]["episode_metrics"] = {str(k): float(v) for k, v in outcome.metrics.items()}
         else:
             self._check_agent(transition.next_agent)
             self.agent_selection = transition.next_agent
