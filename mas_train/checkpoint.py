@@ -19,14 +19,26 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["CHECKPOINTS", "find_checkpoint", "list_checkpoints", "load_trainer_state", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINTS",
+    "find_checkpoint",
+    "list_checkpoints",
+    "load_trainer_state",
+    "prune_checkpoints",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 CHECKPOINTS = "checkpoints"
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -111,3 +123,37 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs") -> Path:
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
     """The driver state saved by :func:`save_checkpoint` (includes ``step``)."""
     return torch.load(Path(ckpt) / "trainer_state.pt", weights_only=False)
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints of a run (``save_total_limit``, as in
+    transformers); ``None`` keeps everything. Returns the deleted folders.
+
+    Raises:
+        ValueError: ``keep < 1`` (a run must keep the checkpoint it would resume from).
+    """
+    if keep is None:
+        return []
+    if keep < 1:
+        raise ValueError(f"save_total_limit must be >= 1 or None, got {keep}")
+    old = list_checkpoints(run_dir)[:-keep]
+    for p in old:
+        shutil.rmtree(p)
+    return old
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states (for checkpoints)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

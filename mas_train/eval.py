@@ -1,9 +1,14 @@
-"""Evaluation: k episodes per task, avg@k and pass@k per data source (Dr. MAS ``_validate``, digest §5.3).
+"""Evaluation: k episodes per task, avg@k and pass@k per data source (as the Dr. MAS reference validates).
 
 avg@k is the mean success over the k episodes of a task, averaged over tasks; pass@k is the fraction of tasks
 solved at least once in k episodes (the plain k-sample estimate, as the reference reports it).
-:func:`evaluate` runs on any :class:`~mas_train.rollout.RolloutCollector`, so it scores the live policy during
-training and a saved checkpoint or any model in ``mas-eval``.
+
+This is the one evaluation path: the trainer (before the first update, every ``eval_steps`` and at the end)
+and ``mas-eval`` both call :func:`evaluate` with the sampling of :func:`eval_sampling` and the same seeds, so
+``mas-eval --checkpoint`` on a run's last checkpoint reproduces the run's last evaluation. The sampling rule:
+every agent samples with its own training settings (``max_new_tokens``, its env's stop strings), at the
+evaluation ``temperature``, ``top_p`` and ``top_k`` of ``eval_sampling``. The seeds do not depend on the
+training step, so evaluations at different steps see the same random numbers (a paired comparison).
 """
 
 from __future__ import annotations
@@ -16,7 +21,35 @@ import numpy as np
 
 from mas_train.backends.base import SamplingParams
 
-__all__ = ["evaluate"]
+__all__ = ["EVAL_SEED_STEP", "eval_sampling", "evaluate"]
+
+#: The ``step`` mixed into evaluation seeds (negative: never a training step's).
+EVAL_SEED_STEP = -1
+
+
+def eval_sampling(resolved: Any, *, temperature: float | None = None, top_p: float | None = None) -> dict:
+    """Per-agent :class:`SamplingParams` for evaluation (the rule in the module docstring).
+
+    Args:
+        resolved: a :class:`~mas_train.config.ResolvedConfig`.
+        temperature, top_p: override ``eval_sampling``'s values (``mas-eval --temperature/--top_p``).
+
+    Returns:
+        ``{agent: SamplingParams}`` (no stop strings: the collector adds the env's).
+    """
+    import dataclasses
+
+    ev = resolved.config.eval_sampling
+    out = {}
+    for name, agent in resolved.agents.items():
+        own = agent.sampling.to_params()
+        out[name] = dataclasses.replace(
+            own,
+            temperature=ev.temperature if temperature is None else temperature,
+            top_p=ev.top_p if top_p is None else top_p,
+            top_k=max(ev.top_k, 0),
+        )
+    return out
 
 
 def evaluate(
@@ -24,8 +57,8 @@ def evaluate(
     tasks: Sequence[Mapping[str, Any]],
     *,
     k: int,
-    sampling: SamplingParams | None = None,
-    seed_step: int = -1,
+    sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,
+    seed_step: int = EVAL_SEED_STEP,
     tasks_per_batch: int = 8,
     progress: Any = None,
 ) -> dict[str, float]:
@@ -35,30 +68,36 @@ def evaluate(
         collector: a :class:`~mas_train.rollout.RolloutCollector` (its generators hold the policy to score).
         tasks: task rows.
         k: episodes per task (the ``k`` of avg@k / pass@k).
-        sampling: sampling for every agent (default: each agent's own); the env's stop strings are kept.
+        sampling: sampling for every agent, or per agent (:func:`eval_sampling`); default: each agent's own
+            training sampling. The env's stop strings are kept.
         seed_step: mixed into the env/sampling seeds (negative values keep eval seeds apart from training).
         tasks_per_batch: tasks collected together (bounds memory: ``tasks_per_batch * k`` episodes at once).
         progress: optional callable ``progress(done_tasks, total_tasks)``.
 
     Returns:
         Flat metrics: ``eval/avg@k``, ``eval/pass@k``, ``eval/<source>/avg@k``, ``eval/<source>/pass@k``,
-        ``eval/reward``, ``eval/invalid_rate``, ``eval/num_tasks``, ``eval/seconds``.
+        ``eval/reward``, ``eval/invalid_rate``, ``eval/invalid_rate/<agent>``, ``eval/env/<name>`` (the env's
+        per-episode metrics, averaged), ``eval/num_tasks``, ``eval/seconds``.
 
     Raises:
-        ValueError: no tasks or ``k < 1``.
+        ValueError: no tasks, ``k < 1`` or ``tasks_per_batch < 1``.
     """
-    from mas_train.metrics import pass_at_k_and_avg_at_k
+    from mas_train.metrics import env_metrics, pass_at_k_and_avg_at_k
 
     if not tasks:
         raise ValueError("evaluate needs at least one task")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    if tasks_per_batch < 1:
+        raise ValueError(f"tasks_per_batch must be >= 1, got {tasks_per_batch}")
     t0 = time.perf_counter()
     uids: list[str] = []
     succ: list[bool] = []
     sources: list[str] = []
     rewards: list[float] = []
     invalid: list[bool] = []
+    invalid_by_agent: dict[str, list[bool]] = {}
+    episode_metrics: list[Mapping[str, float]] = []
     for start in range(0, len(tasks), tasks_per_batch):
         chunk = tasks[start : start + tasks_per_batch]
         batch = collector.collect(
@@ -69,12 +108,18 @@ def evaluate(
             succ.append(bool(t.success))
             sources.append(t.data_source)
             rewards.append(t.team_reward)
-        invalid.extend(s.invalid for s in batch.samples)
+            episode_metrics.append(t.metrics)
+        for smp in batch.samples:
+            invalid.append(smp.invalid)
+            invalid_by_agent.setdefault(smp.agent, []).append(smp.invalid)
         if progress is not None:
             progress(min(start + tasks_per_batch, len(tasks)), len(tasks))
     out = {f"eval/{key}": v for key, v in pass_at_k_and_avg_at_k(uids, succ, sources, k=k).items()}
     out["eval/reward"] = float(np.mean(rewards))
     out["eval/invalid_rate"] = float(np.mean(invalid)) if invalid else 0.0
+    for agent, flags in sorted(invalid_by_agent.items()):
+        out[f"eval/invalid_rate/{agent}"] = float(np.mean(flags))
+    out.update(env_metrics(episode_metrics, prefix="eval/env/"))
     out["eval/num_tasks"] = float(len(tasks))
     out["eval/seconds"] = time.perf_counter() - t0
     return out

@@ -1,4 +1,16 @@
-"""avg@k and pass@k over k sampled trajectories per task, overall and per data source.
+"""Metric names and their computation: step metrics of a rollout, env metrics, avg@k and pass@k.
+
+Every metric a run logs is named here or by a function here, in fixed namespaces (cleanrl's habit):
+
+* ``charts/…``: rollout statistics of a training step (:func:`rollout_metrics`);
+* ``env/<name>``: the env's own per-episode metrics (``Outcome.metrics``), averaged over the step's
+  episodes that report them (:func:`env_metrics`); evaluation logs them as ``eval/env/<name>``;
+* ``losses/…``: per-model-group loss, grad norm, entropy, clip ratios, KL; ``losses/grad_norm/<agent>`` is the
+  gradient norm of that agent's samples alone;
+* ``lemma/…``: the Lemma 4.2 statistics of the step's scores per agent;
+* ``eval/…``: evaluation (``mas_train.eval``); ``time/…``: seconds per phase of the step.
+
+avg@k and pass@k over k sampled trajectories per task, overall and per data source:
 
 One entry per *trajectory*: its task uid and whether it solved the task. With k trajectories per task:
 
@@ -14,11 +26,68 @@ Results are flat, log-ready dicts: ``{"pass@k": .., "<source>/pass@k": ..}``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections import defaultdict
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["avg_at_k", "pass_at_k", "pass_at_k_and_avg_at_k", "unbiased_pass_at_k"]
+__all__ = [
+    "avg_at_k",
+    "env_metrics",
+    "pass_at_k",
+    "pass_at_k_and_avg_at_k",
+    "rollout_metrics",
+    "unbiased_pass_at_k",
+]
+
+
+def env_metrics(per_episode: Sequence[Mapping[str, float]], prefix: str = "env/") -> dict[str, float]:
+    """Mean of each env metric over the episodes that report it: ``{prefix + name: mean}``.
+
+    Args:
+        per_episode: one mapping per episode (``Trajectory.metrics``); an episode may leave a name out.
+        prefix: ``"env/"`` for training steps, ``"eval/env/"`` for evaluation.
+    """
+    values: dict[str, list[float]] = defaultdict(list)
+    for m in per_episode:
+        for k, v in m.items():
+            values[k].append(float(v))
+    return {f"{prefix}{k}": float(np.mean(v)) for k, v in sorted(values.items())}
+
+
+def rollout_metrics(batch: Any, penalty: float) -> dict[str, float]:
+    """Per-step rollout metrics of a :class:`~mas_train.rollout.RolloutBatch` (``charts/…`` and ``env/…``).
+
+    ``charts/reward`` and ``charts/success_rate`` average over trajectories; ``charts/score`` averages the
+    per-turn score ``s = R - c*invalid``; ``charts/invalid_rate`` is the fraction of turns judged malformed;
+    ``charts/turns/<agent>`` is the mean number of that agent's turns per trajectory; ``charts/tokens/<agent>``
+    the mean completion length of its turns; ``charts/truncated_rate/<agent>`` the fraction of its turns that hit
+    ``max_new_tokens``; ``charts/prompt_tokens/<agent>`` its mean prompt length; ``env/<name>`` see
+    :func:`env_metrics`.
+    """
+    trajs, samples = batch.trajectories, batch.samples
+    nan = float("nan")
+    m: dict[str, float] = {
+        "charts/reward": float(np.mean([t.team_reward for t in trajs])) if trajs else nan,
+        "charts/success_rate": float(np.mean([t.success for t in trajs])) if trajs else nan,
+        "charts/turns": float(np.mean([t.num_turns for t in trajs])) if trajs else nan,
+        "charts/invalid_rate": float(np.mean([s.invalid for s in samples])) if samples else nan,
+        "charts/score": float(np.mean([s.score(penalty) for s in samples])) if samples else nan,
+        "charts/num_samples": float(len(samples)),
+        "charts/prompt_overflow": float(sum(batch.prompt_overflows.values())),
+    }
+    agents = sorted({a for t in trajs for a in t.turns_per_agent} | {s.agent for s in samples})
+    for a in agents:
+        mine = [s for s in samples if s.agent == a]
+        m[f"charts/turns/{a}"] = float(np.mean([t.turns_per_agent.get(a, 0) for t in trajs]))
+        if mine:
+            m[f"charts/invalid_rate/{a}"] = float(np.mean([s.invalid for s in mine]))
+            m[f"charts/tokens/{a}"] = float(np.mean([len(s.completion_ids) for s in mine]))
+            m[f"charts/prompt_tokens/{a}"] = float(np.mean([len(s.prompt_ids) for s in mine]))
+            m[f"charts/truncated_rate/{a}"] = float(np.mean([s.finish_reason == "length" for s in mine]))
+    m.update(env_metrics([t.metrics for t in trajs]))
+    return m
 
 
 def unbiased_pass_at_k(n: int, c: int, k: int) -> float:

@@ -3,7 +3,7 @@
 Each model group asks for ``num_cpus`` / ``num_gpus`` (fractions allowed, e.g. two groups at ``num_gpus: 0.5``
 share one GPU); the pool turns those into one bundle per group, reserves them all at once with a placement
 group (strategy ``PACK`` by default: as few nodes as possible, spilling over when one is not enough), and starts
-a :class:`~mas_train.trainer.ModelGroupWorker` per group in an actor pinned to its bundle. The actor holds the
+a :class:`~mas_train.worker.ModelGroupWorker` per group in an actor pinned to its bundle. The actor holds the
 group's policy, its TRL trainer and its generation backend, so weights never leave the actor: the driver sends
 token ids and samples, and gets completions, metrics and versions back.
 
@@ -92,7 +92,7 @@ def _missing_resources(needed: dict[str, float], have: dict[str, float]) -> dict
 
 
 class _ModelGroupActor:
-    """The Ray actor body: a :class:`~mas_train.trainer.ModelGroupWorker` plus generic call/get."""
+    """The Ray actor body: a :class:`~mas_train.worker.ModelGroupWorker` plus generic call/get."""
 
     def __init__(self, resolved: Any, group: str, micro_batch_size: int, cwd: str, num_threads: int) -> None:
         import torch
@@ -100,7 +100,7 @@ class _ModelGroupActor:
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative run folders resolve as in the driver (same node or shared filesystem)
         torch.set_num_threads(num_threads)
-        from mas_train.trainer import ModelGroupWorker
+        from mas_train.worker import ModelGroupWorker
 
         self.worker = ModelGroupWorker(resolved, group, micro_batch_size=micro_batch_size)
 
@@ -127,7 +127,7 @@ class _ModelGroupActor:
 
 
 class RayWorkerHandle:
-    """Driver-side stand-in for one group's :class:`~mas_train.trainer.ModelGroupWorker` in a Ray actor.
+    """Driver-side stand-in for one group's :class:`~mas_train.worker.ModelGroupWorker` in a Ray actor.
 
     Same methods as the worker (``generate``, ``update``, ``sync_weights``, ``save``, ``load``, ``close``), each
     a blocking remote call bounded by ``call_timeout_s``. Paths given to ``save``/``load`` are made absolute in

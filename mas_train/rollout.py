@@ -3,8 +3,11 @@
 The collector is the only place where text meets token ids. For every pending agent turn it renders the env's
 chat messages with the chat template of that agent's model group, sends the token ids to the group's
 generation backend, decodes the completion for the env, and records a :class:`Sample` holding the ids and
-sampling logprobs *exactly as the backend returned them* (training never re-tokenises text; see
-``../shared/research/trl_sglang_ray.md`` §6 "Tokenization mismatch").
+sampling logprobs *exactly as the backend returned them*: training never re-tokenises text (decoding and
+re-encoding a completion does not give back the sampled ids, and the loss must score the ids that were sampled).
+
+A :class:`Sample` is complete and immutable when it is created: a turn's ids, logprobs and validity are kept in
+a small per-episode record while the episode runs, and the samples are built once the episode's reward is known.
 
 Batching: at every tick, each live env has exactly one pending turn (``env.agent_selection``). All pending turns
 of all envs are grouped by model group, so one tick costs one ``generate`` call per model group however many
@@ -32,7 +35,7 @@ from typing import Any, Protocol
 from mas_train.backends.base import GenerationOutput, SamplingParams
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sample:
     """One agent turn, the unit the advantage and the loss are computed on (design.md §4).
 
@@ -73,9 +76,13 @@ class Sample:
         return self.team_reward - invalid_action_penalty * float(self.invalid)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trajectory:
-    """Per-episode summary (one per env copy), for reward/success/turn metrics and avg@k/pass@k."""
+    """Per-episode summary (one per env copy), for reward/success/turn metrics and avg@k/pass@k.
+
+    ``metrics`` are the env's per-episode metrics (``infos[agent]["episode_metrics"]``, from
+    ``Outcome.metrics``), empty for envs that report none.
+    """
 
     task_uid: str
     traj_uid: str
@@ -84,6 +91,98 @@ class Trajectory:
     success: bool
     num_turns: int
     turns_per_agent: dict[str, int]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Turn:
+    """A generated turn while its episode runs (becomes a :class:`Sample` at the episode's end)."""
+
+    agent: str
+    model_group: str
+    turn: int
+    prompt_ids: list[int]
+    output: GenerationOutput | None = None  # set when the backend answers
+    invalid: bool = False
+
+
+class _Episode:
+    """One env copy during :meth:`RolloutCollector.collect`: its ids, turns so far and, at the end, outcome."""
+
+    def __init__(self, env: Any, task_uid: str, traj_uid: str, data_source: str) -> None:
+        self.env = env
+        self.task_uid = task_uid
+        self.traj_uid = traj_uid
+        self.data_source = data_source
+        self.turns: list[_Turn] = []
+        self.turn_counts: dict[str, int] = defaultdict(int)
+        self.live = True
+        self.team_reward = 0.0
+        self.success = False
+        self.metrics: dict[str, float] = {}
+
+    def step(self, agent: str, action: str, turn: _Turn | None) -> None:
+        """Apply ``agent``'s action; record ``turn`` (``None`` for a skipped turn); finish the episode when
+        every agent is done."""
+        env = self.env
+        env.step(action)
+        self.turn_counts[agent] += 1
+        info = env.infos.get(agent, {})
+        if turn is not None:
+            turn.invalid = bool(info.get("invalid_action", False))
+            self.turns.append(turn)
+        # Episode end: every remaining agent is done. Read the outcome now: the dead steps below remove the
+        # agents and with them their infos.
+        if all(env.terminations[a] or env.truncations[a] for a in env.agents):
+            end_info = next((env.infos[a] for a in env.agents if "team_reward" in env.infos[a]), info)
+            self.team_reward = float(end_info.get("team_reward", 0.0))
+            self.success = bool(end_info.get("success", False))
+            self.metrics = {str(k): float(v) for k, v in end_info.get("episode_metrics", {}).items()}
+            while env.agents:
+                env.step(None)  # PettingZoo dead steps
+            self.live = False
+            return
+        # A done agent still selected must be dead-stepped before the next live agent can act.
+        guard = 0
+        while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
+            env.step(None)
+            guard += 1
+            if guard > 10_000:
+                raise RuntimeError("env keeps selecting done agents; it violates the AEC contract")
+
+    def samples(self) -> list[Sample]:
+        assert all(t.output is not None for t in self.turns), "a recorded turn always has its output"
+        return [
+            Sample(
+                task_uid=self.task_uid,
+                traj_uid=self.traj_uid,
+                agent=t.agent,
+                model_group=t.model_group,
+                turn=t.turn,
+                prompt_ids=t.prompt_ids,
+                completion_ids=list(t.output.completion_ids),
+                sampling_logprobs=list(t.output.logprobs),
+                invalid=t.invalid,
+                team_reward=self.team_reward,
+                success=self.success,
+                weight_version=int(t.output.weight_version),
+                finish_reason=str(t.output.finish_reason),
+                data_source=self.data_source,
+            )
+            for t in self.turns
+        ]
+
+    def trajectory(self) -> Trajectory:
+        return Trajectory(
+            task_uid=self.task_uid,
+            traj_uid=self.traj_uid,
+            data_source=self.data_source,
+            team_reward=self.team_reward,
+            success=self.success,
+            num_turns=sum(self.turn_counts.values()),
+            turns_per_agent=dict(self.turn_counts),
+            metrics=self.metrics,
+        )
 
 
 @dataclass
@@ -220,12 +319,10 @@ class RolloutCollector:
         self._envs.clear()
 
     def _sampling_for(
-        self, env: Any, agent: str, override: SamplingParams | None, seed: int
+        self, env: Any, agent: str, override: SamplingParams | Mapping[str, SamplingParams] | None, seed: int
     ) -> SamplingParams:
-        if agent not in self.agent_groups:
-            raise KeyError(
-                f"env selected agent {agent!r}, which has no model group; configured agents: {sorted(self.agent_groups)}"
-            )
+        if isinstance(override, Mapping):
+            override = override.get(agent)
         base = override if override is not None else self.sampling.get(agent, SamplingParams())
         env_stops = tuple(getattr(env.unwrapped, "stop_strings", {}).get(agent, ()))
         stops = tuple(dict.fromkeys(env_stops + tuple(base.stop)))  # ordered de-dup
@@ -237,7 +334,7 @@ class RolloutCollector:
         num_generations: int,
         *,
         step: int = 0,
-        sampling_override: SamplingParams | None = None,
+        sampling_override: SamplingParams | Mapping[str, SamplingParams] | None = None,
         uid_prefix: str = "",
     ) -> RolloutBatch:
         """Run ``num_generations`` episodes of every task in lock-step.
@@ -248,8 +345,8 @@ class RolloutCollector:
             num_generations: G, copies per task (the task group).
             step: training step, mixed into env and sampling seeds (so every step samples afresh and a
                 resumed run reproduces the same seeds).
-            sampling_override: use these sampling settings for every agent (validation/eval), keeping each
-                env's stop strings.
+            sampling_override: sampling for every agent, or per agent (a mapping; agents it leaves out keep
+                their own), e.g. for evaluation; each env's stop strings are kept.
             uid_prefix: prefix of ``task_uid``/``traj_uid`` (e.g. ``"s12/"``) to keep ids unique across steps.
 
         Returns:
@@ -262,31 +359,28 @@ class RolloutCollector:
             raise ValueError(f"num_generations must be >= 1, got {num_generations}")
         t_env = 0.0
         t_gen = 0.0
-        n = len(tasks) * num_generations
-        envs = [self._env(i) for i in range(n)]
-        task_uids: list[str] = []
-        traj_uids: list[str] = []
-        sources: list[str] = []
         t0 = time.perf_counter()
+        episodes: list[_Episode] = []
         for t_idx, row in enumerate(tasks):
             tid = str(row.get("id", t_idx))
             for g in range(num_generations):
                 i = t_idx * num_generations + g
-                envs[i].reset(seed=request_seed(self.seed, "reset", step, i), options={"task": dict(row)})
-                task_uids.append(f"{uid_prefix}{t_idx}:{tid}")
-                traj_uids.append(f"{uid_prefix}{t_idx}:{tid}/{g}")
-                sources.append(str(row.get("data_source", "unknown")))
+                env = self._env(i)
+                env.reset(seed=request_seed(self.seed, "reset", step, i), options={"task": dict(row)})
+                episodes.append(
+                    _Episode(
+                        env,
+                        task_uid=f"{uid_prefix}{t_idx}:{tid}",
+                        traj_uid=f"{uid_prefix}{t_idx}:{tid}/{g}",
+                        data_source=str(row.get("data_source", "unknown")),
+                    )
+                )
         t_env += time.perf_counter() - t0
 
-        live = [True] * n
-        per_env_samples: list[list[Sample]] = [[] for _ in range(n)]
-        turns: list[dict[str, int]] = [defaultdict(int) for _ in range(n)]
-        outcome: list[tuple[float, bool] | None] = [None] * n
         overflows: dict[str, int] = defaultdict(int)
         calls: dict[str, int] = defaultdict(int)
         ticks = 0
-
-        while any(live):
+        while any(e.live for e in episodes):
             if ticks >= self.max_ticks:
                 raise RuntimeError(
                     f"rollout still running after max_ticks={self.max_ticks} ticks; the env must terminate or "
@@ -294,13 +388,13 @@ class RolloutCollector:
                 )
             ticks += 1
             t0 = time.perf_counter()
-            # requests[group] = list of (env index, agent, prompt ids, sampling)
-            requests: dict[str, list[tuple[int, str, list[int], SamplingParams]]] = defaultdict(list)
-            for i, env in enumerate(envs):
-                if not live[i]:
+            # requests[group] = list of (episode index, pending turn, sampling)
+            requests: dict[str, list[tuple[int, _Turn, SamplingParams]]] = defaultdict(list)
+            for i, ep in enumerate(episodes):
+                if not ep.live:
                     continue
-                agent = env.agent_selection
-                info = env.infos[agent]
+                agent = ep.env.agent_selection
+                info = ep.env.infos[agent]
                 group = self.agent_groups.get(agent)
                 if group is None:
                     raise KeyError(
@@ -308,18 +402,21 @@ class RolloutCollector:
                         f"{sorted(self.agent_groups)}"
                     )
                 prompt = render_prompt(self.tokenizers[group], info["messages"])
-                turn = int(info.get("turn", turns[i][agent]))
+                turn = int(info.get("turn", ep.turn_counts[agent]))
                 if self.max_prompt_length is not None and len(prompt) > self.max_prompt_length:
                     overflows[agent] += 1
-                    self._step_env(i, env, agent, "", None, per_env_samples, turns, live, outcome)
+                    ep.step(agent, "", None)
                     continue
-                sp = self._sampling_for(env, agent, sampling_override, request_seed(self.seed, step, i, turn))
-                requests[group].append((i, agent, prompt, sp))
+                sp = self._sampling_for(
+                    ep.env, agent, sampling_override, request_seed(self.seed, step, i, turn)
+                )
+                pending = _Turn(agent=agent, model_group=group, turn=turn, prompt_ids=prompt)
+                requests[group].append((i, pending, sp))
             t_env += time.perf_counter() - t0
 
             for group, reqs in requests.items():
                 t0 = time.perf_counter()
-                outs = self.generators[group].generate([r[2] for r in reqs], [r[3] for r in reqs])
+                outs = self.generators[group].generate([r[1].prompt_ids for r in reqs], [r[2] for r in reqs])
                 t_gen += time.perf_counter() - t0
                 calls[group] += 1
                 if len(outs) != len(reqs):
@@ -328,87 +425,18 @@ class RolloutCollector:
                     )
                 tok = self.tokenizers[group]
                 t0 = time.perf_counter()
-                for (i, agent, prompt, _sp), out in zip(reqs, outs, strict=True):
+                for (i, pending, _sp), out in zip(reqs, outs, strict=True):
+                    pending.output = out
                     text = tok.decode(out.completion_ids, skip_special_tokens=True)
-                    sample = Sample(
-                        task_uid=task_uids[i],
-                        traj_uid=traj_uids[i],
-                        agent=agent,
-                        model_group=group,
-                        turn=int(envs[i].infos[agent].get("turn", turns[i][agent])),
-                        prompt_ids=prompt,
-                        completion_ids=list(out.completion_ids),
-                        sampling_logprobs=list(out.logprobs),
-                        invalid=False,
-                        team_reward=0.0,
-                        success=False,
-                        weight_version=int(out.weight_version),
-                        finish_reason=str(out.finish_reason),
-                        data_source=sources[i],
-                    )
-                    self._step_env(i, envs[i], agent, text, sample, per_env_samples, turns, live, outcome)
+                    episodes[i].step(pending.agent, text, pending)
                 t_env += time.perf_counter() - t0
 
-        samples: list[Sample] = []
-        trajectories: list[Trajectory] = []
-        for i in range(n):
-            reward, success = outcome[i] if outcome[i] is not None else (0.0, False)
-            for s in per_env_samples[i]:
-                s.team_reward = reward
-                s.success = success
-            samples.extend(per_env_samples[i])
-            trajectories.append(
-                Trajectory(
-                    task_uid=task_uids[i],
-                    traj_uid=traj_uids[i],
-                    data_source=sources[i],
-                    team_reward=reward,
-                    success=success,
-                    num_turns=sum(turns[i].values()),
-                    turns_per_agent=dict(turns[i]),
-                )
-            )
         return RolloutBatch(
-            samples=samples,
-            trajectories=trajectories,
+            samples=[s for ep in episodes for s in ep.samples()],
+            trajectories=[ep.trajectory() for ep in episodes],
             prompt_overflows=dict(overflows),
             generate_calls=dict(calls),
             ticks=ticks,
             generate_seconds=t_gen,
             env_seconds=t_env,
         )
-
-    @staticmethod
-    def _step_env(
-        i: int,
-        env: Any,
-        agent: str,
-        action: str,
-        sample: Sample | None,
-        per_env_samples: list[list[Sample]],
-        turns: list[dict[str, int]],
-        live: list[bool],
-        outcome: list[tuple[float, bool] | None],
-    ) -> None:
-        env.step(action)
-        turns[i][agent] += 1
-        info = env.infos.get(agent, {})
-        if sample is not None:
-            sample.invalid = bool(info.get("invalid_action", False))
-            per_env_samples[i].append(sample)
-        # Episode end: every remaining agent is done. Read the outcome now: the dead steps below remove the
-        # agents and with them their infos.
-        if all(env.terminations[a] or env.truncations[a] for a in env.agents):
-            end_info = next((env.infos[a] for a in env.agents if "team_reward" in env.infos[a]), info)
-            outcome[i] = (float(end_info.get("team_reward", 0.0)), bool(end_info.get("success", False)))
-            while env.agents:
-                env.step(None)  # PettingZoo dead steps
-            live[i] = False
-            return
-        # A done agent still selected must be dead-stepped before the next live agent can act.
-        guard = 0
-        while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
-            env.step(None)
-            guard += 1
-            if guard > 10_000:
-                raise RuntimeError("env keeps selecting done agents; it violates the design.md §1 contract")

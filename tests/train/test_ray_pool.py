@@ -96,7 +96,7 @@ def branching_models(tmp_path_factory, tiny_qwen3_path):
 
 def test_workers_run_in_actors_and_are_cleaned_up(ray_cluster, tiny_qwen3_path, tmp_path):
     from mas_train.backends.base import SamplingParams
-    from mas_train.resources import make_pool
+    from mas_train.pools import make_pool
 
     resolved = _resolved(solver={"num_cpus": 1}, verifier={"num_cpus": 0.5})
     resolved.config.pool = "ray"

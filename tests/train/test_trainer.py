@@ -12,13 +12,10 @@ pytest.importorskip("trl")
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
 from mas_train.rollout import Sample  # noqa: E402
-from mas_train.trainer import (  # noqa: E402
-    GroupGRPOTrainer,
-    MultiGroupTrainer,
-    StaleSampleError,
-    TaskSampler,
-    grpo_args,
-)
+from mas_train.tasks import TaskSampler  # noqa: E402
+from mas_train.trainer import MultiGroupTrainer  # noqa: E402
+from mas_train.update import GroupGRPOTrainer, grpo_args  # noqa: E402
+from mas_train.worker import StaleSampleError  # noqa: E402
 
 
 def _samples(n_solver=4, n_verifier=3, seed=0):

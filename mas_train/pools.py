@@ -1,13 +1,13 @@
 """Where model-group workers live.
 
-A pool starts one :class:`~mas_train.trainer.ModelGroupWorker` per model group and hands out handles whose
+A pool starts one :class:`~mas_train.worker.ModelGroupWorker` per model group and hands out handles whose
 methods return plain data. :class:`LocalPool` (the default, ``pool: local``) keeps every worker in this
 process; a Ray pool (``pool: ray``) places each worker in an actor with the CPUs/GPUs its group asks for. The
 trainer only uses the interface below, so the pool can change without touching it:
 
 * ``start()``: create the workers (loads models; call once).
 * ``groups``: model group names, in config order.
-* ``worker(group)``: the handle; ``handle.generate(...)``, ``handle.update(...)``, ``handle.sync_weights()``,
+* ``worker(group)``: the handle (a :class:`~mas_train.worker.ModelGroupWorker` or a stand-in for one); ``handle.generate(...)``, ``handle.update(...)``, ``handle.sync_weights()``,
   ``handle.save(folder)``, ``handle.load(folder)`` return results synchronously; ``handle.num_parameters`` and
   ``handle.weight_version`` are plain ints (the trainer reads them, e.g. to turn per-agent grad norms on).
 * ``tokenizer(group)``: the group's tokenizer, in the driver process (the collector renders prompts with it).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LocalPool", "RayPool", "make_pool"]
+__all__ = ["LocalPool", "make_pool"]
 
 
 class LocalPool:
@@ -26,12 +26,14 @@ class LocalPool:
 
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
-        micro_batch_size: forwarded to each :class:`~mas_train.trainer.ModelGroupWorker`.
+        micro_batch_size: forwarded to each :class:`~mas_train.worker.ModelGroupWorker`.
+        train: forwarded to each worker (``False``: generation only, as ``mas-eval`` needs).
     """
 
-    def __init__(self, resolved: Any, *, micro_batch_size: int = 4) -> None:
+    def __init__(self, resolved: Any, *, micro_batch_size: int = 4, train: bool | None = None) -> None:
         self.resolved = resolved
         self.micro_batch_size = micro_batch_size
+        self.train = train
         self._workers: dict[str, Any] = {}
 
     @property
@@ -40,11 +42,13 @@ class LocalPool:
 
     def start(self) -> LocalPool:
         """Load every group's model, trainer and backend. Returns ``self``."""
-        from mas_train.trainer import ModelGroupWorker
+        from mas_train.worker import ModelGroupWorker
 
         for g in self.groups:
             if g not in self._workers:
-                self._workers[g] = ModelGroupWorker(self.resolved, g, micro_batch_size=self.micro_batch_size)
+                self._workers[g] = ModelGroupWorker(
+                    self.resolved, g, micro_batch_size=self.micro_batch_size, train=self.train
+                )
         return self
 
     def worker(self, group: str) -> Any:
@@ -70,21 +74,17 @@ class LocalPool:
 
 
 def make_pool(resolved: Any, *, micro_batch_size: int = 4) -> Any:
-    """The pool ``resolved.config.pool`` names (``local``; ``ray`` once ``RayPool`` exists).
+    """The pool ``resolved.config.pool`` names: ``local`` (:class:`LocalPool`) or ``ray``
+    (:class:`~mas_train.ray_pool.RayPool`; Ray itself is imported only when it starts).
 
     Raises:
-        ValueError: an unknown or unavailable pool.
+        ValueError: an unknown pool.
     """
     kind = resolved.config.pool
     if kind == "local":
         return LocalPool(resolved, micro_batch_size=micro_batch_size)
     if kind == "ray":
-        cls = globals().get("RayPool")
-        if cls is None:
-            raise ValueError("pool 'ray' is not available in this version; use pool: local")
-        return cls(resolved, micro_batch_size=micro_batch_size)
+        from mas_train.ray_pool import RayPool
+
+        return RayPool(resolved, micro_batch_size=micro_batch_size)
     raise ValueError(f"unknown pool {kind!r}; use 'local' or 'ray'")
-
-
-# The Ray pool lives in its own module (Ray itself is imported only when a RayPool starts).
-from mas_train.ray_pool import RayPool  # noqa: E402

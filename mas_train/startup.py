@@ -1,0 +1,241 @@
+"""Start-up of a run: everything that can be checked is checked here, before any model is loaded.
+
+:func:`prepare` turns a :class:`~mas_train.config.TrainConfig` into a :class:`RunPlan`: the resume target and
+the settings it may change, the env (one probe env, built once), the agents mapped to model groups, and the
+training and evaluation tasks, loaded. Every user mistake it finds is a
+:class:`~mas_train.config.ConfigError` whose message says what to do; ``mas-train`` prints it as one
+``error:`` line. Loading models is the trainer's job and comes after.
+
+Resume rule: a resumed run continues the saved run's configuration. Settings that only change what happens
+from now on (:data:`RESUMABLE_CHANGES`: the step budget, logging, evaluation and checkpoint cadence, where it
+runs) may be changed; they are applied and recorded in the run folder's ``config.yaml`` and appended to
+``config_history.jsonl``. Any other change (the data, the models, the optimisation settings, whose state the
+checkpoint carries) is refused: the optimizer state would silently keep the old learning rate, for example.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mas_train.config import ConfigError
+
+__all__ = ["RESUMABLE_CHANGES", "RunPlan", "config_changes", "make_env_factory", "prepare", "resume_target"]
+
+#: Top-level settings (and sections, for nested ones) a resumed run may change.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "max_steps",
+        "logging_steps",
+        "save_steps",
+        "save_total_limit",
+        "eval_steps",
+        "eval_k",
+        "eval_num_tasks",
+        "eval_sampling",
+        "eval_before_training",
+        "report_to",
+        "resume",
+        "device",
+        "pool",
+        "output_dir",
+        "run_name",
+        "log_agent_grad_norms",
+    }
+)
+
+
+@dataclass
+class RunPlan:
+    """What :func:`prepare` established about a run, before any model is loaded.
+
+    Attributes:
+        config: the run's settings (for a resumed run: the saved ones with the allowed changes applied).
+        resolved: agents mapped to model groups (:class:`~mas_train.config.ResolvedConfig`).
+        env_factory: zero-argument constructor of the run's env.
+        probe: one env built by ``env_factory`` (its agents, penalty and task lists were read from it).
+        train_tasks: training rows.
+        eval_tasks: evaluation rows (already cut to ``eval_num_tasks``), or ``None`` when evaluation is off.
+        checkpoint: the checkpoint to resume from, or ``None``.
+        changes: settings changed on resume, dotted name -> (saved, now).
+    """
+
+    config: Any
+    resolved: Any
+    env_factory: Callable[[], Any]
+    probe: Any
+    train_tasks: list[dict[str, Any]]
+    eval_tasks: list[dict[str, Any]] | None
+    checkpoint: Path | None = None
+    changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.resolved.run_dir
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(saved: Any, now: Any) -> dict[str, tuple[Any, Any]]:
+    """Settings that differ between two ``TrainConfig``s: dotted name -> (saved value, new value)."""
+    a, b = _flatten(saved.to_dict()), _flatten(now.to_dict())
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def resume_target(cfg: Any) -> tuple[Any, Path | None, dict[str, tuple[Any, Any]]]:
+    """Resolve ``cfg.resume`` and check what the resumed run changes.
+
+    Returns:
+        ``(cfg pointed at the checkpoint's run folder, checkpoint folder, allowed changes)``, or
+        ``(cfg, None, {})`` when not resuming.
+
+    Raises:
+        FileNotFoundError: nothing to resume from.
+        ConfigError: a change that a resumed run cannot honour (see the module docstring).
+    """
+    from mas_train.checkpoint import find_checkpoint
+    from mas_train.config import TrainConfig
+
+    if not cfg.resume:
+        return cfg, None, {}
+    ckpt = find_checkpoint(cfg.resume, cfg.output_dir)
+    run_dir = ckpt.parent.parent
+    cfg = dataclasses.replace(cfg, output_dir=str(run_dir.parent), run_name=run_dir.name)
+    saved_path = ckpt / "config.yaml"
+    if not saved_path.is_file():
+        return cfg, ckpt, {}
+    saved = TrainConfig.from_yaml(saved_path)
+    changes = config_changes(saved, cfg)
+    refused = {k: v for k, v in changes.items() if k.split(".", 1)[0] not in RESUMABLE_CHANGES}
+    if refused:
+        shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+        raise ConfigError(
+            f"--resume {cfg.resume}: this run changes settings a checkpoint cannot continue with ({shown}). "
+            "A resumed run keeps the data, models and optimisation state it was saved with; drop these flags "
+            "to continue it, or start a new run (without --resume) to train with them"
+        )
+    return cfg, ckpt, {k: v for k, v in changes.items() if k.split(".", 1)[0] not in ("resume",)}
+
+
+def make_env_factory(cfg: Any) -> Callable[[], Any]:
+    """``lambda: mas_envs.make(cfg.env, **cfg.env_make_kwargs())`` (a named function, so Ray can pickle it)."""
+    kwargs = cfg.env_make_kwargs()
+    env_id = cfg.env
+
+    def env_factory():
+        import mas_envs
+
+        return mas_envs.make(env_id, **kwargs)
+
+    return env_factory
+
+
+def _probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
+    from mas_envs.registration import UnknownEnvError
+
+    try:
+        return factory()
+    except UnknownEnvError as err:
+        raise ConfigError(str(err)) from None
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"env {cfg.env!r} cannot be made with env_kwargs {dict(cfg.env_kwargs)}: {err}. "
+            "Check the env's arguments in its documentation (docs/envs.md)"
+        ) from None
+
+
+def _load_tasks(what: str, loader: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    try:
+        rows = loader()
+    except ConfigError:
+        raise
+    except FileNotFoundError as err:
+        raise ConfigError(f"{what}: {err}") from None
+    except (KeyError, ValueError, TypeError, StopIteration, OSError) as err:
+        hint = (
+            " (rename columns with data_fields, e.g. --data_fields question=problem,answer=solution)"
+            if isinstance(err, KeyError)
+            else ""
+        )
+        raise ConfigError(f"{what}: {type(err).__name__}: {err}{hint}") from None
+    if not rows:
+        raise ConfigError(f"{what}: no usable task rows")
+    return rows
+
+
+def evaluation_on(cfg: Any) -> bool:
+    """Whether the run evaluates at all: ``eval_steps > 0`` (``eval_before_training`` adds step 0 to it)."""
+    return bool(cfg.eval_steps)
+
+
+def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPlan:
+    """Check and resolve everything about a run that needs no model (see the module docstring).
+
+    Args:
+        cfg: a :class:`~mas_train.config.TrainConfig`.
+        env_factory: build envs with this instead of ``mas_envs.make(cfg.env, ...)`` (tests, custom drivers).
+
+    Raises:
+        ConfigError: any setting the run cannot honour, with what to do.
+        FileNotFoundError: ``--resume`` target not found.
+    """
+    from mas_train import tasks as T
+
+    cfg, ckpt, changes = resume_target(cfg)
+    factory = env_factory or make_env_factory(cfg)
+    probe = _probe_env(cfg, factory)
+    resolved = cfg.resolve(list(probe.possible_agents))
+    train = _load_tasks(
+        f"train_data {cfg.train_data!r}" if cfg.train_data else "the env's training tasks",
+        lambda: T.train_tasks(cfg, probe),
+    )
+    evals = None
+    if evaluation_on(cfg):
+        try:
+            src = T.eval_source(cfg, probe)
+            evals = _load_tasks(
+                f"eval_data {src!r}", lambda: T.eval_tasks(cfg, probe, limit=cfg.eval_num_tasks)
+            )
+        except T.NoEvalTasksError as err:
+            raise ConfigError(str(err)) from None
+    return RunPlan(
+        config=cfg,
+        resolved=resolved,
+        env_factory=factory,
+        probe=probe,
+        train_tasks=train,
+        eval_tasks=evals,
+        checkpoint=ckpt,
+        changes=changes,
+    )
+
+
+def record_config(plan: RunPlan, step: int) -> None:
+    """Write the run's ``config.yaml`` (new run, or a resumed run with changes) and append the changes of a
+    resumed run to ``config_history.jsonl`` (step, dotted name, saved value, new value)."""
+    run_dir = plan.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if plan.checkpoint is None or plan.changes:
+        plan.config.to_yaml(run_dir / "config.yaml")
+    if plan.changes:
+        with (run_dir / "config_history.jsonl").open("a") as fh:
+            fh.write(
+                json.dumps(
+                    {"step": step, "changes": {k: [old, new] for k, (old, new) in plan.changes.items()}},
+                    default=str,
+                )
+                + "\n"
+            )

@@ -1,0 +1,138 @@
+"""The tasks of a run: which rows train and evaluate, and the order training visits them.
+
+:func:`train_tasks` and :func:`eval_tasks` are the one place a run's task sources are resolved (the trainer,
+``mas-eval`` and the start-up checks all call them):
+
+* training: ``train_data`` if set, else the env's own task list (its ``default_tasks`` or ``tasks=`` kwarg);
+* evaluation: ``eval_data`` if set, else the env's ``default_eval_tasks``, else the ``-test`` twin of its
+  bundled ``-train`` set (``gsm8k-train`` → ``gsm8k-test``).
+
+A source is anything :func:`mas_envs.data.load_tasks` reads: a bundled set name, a file, or a procedural spec.
+:class:`TaskSampler` fixes the training order so that a resumed run draws exactly the batches an uninterrupted
+run would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["NoEvalTasksError", "TaskSampler", "eval_source", "eval_tasks", "train_tasks"]
+
+
+class NoEvalTasksError(ValueError):
+    """Evaluation is on but neither the config nor the env names an evaluation set."""
+
+
+def _load(source: Any, fields: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    from mas_envs.data import load_tasks
+
+    return list(load_tasks(source, fields=dict(fields) if fields else None))
+
+
+def train_tasks(cfg: Any, env: Any) -> list[dict[str, Any]]:
+    """Training rows of ``cfg`` (a ``TrainConfig``) for ``env`` (a made env, wrapped or not).
+
+    Raises:
+        ValueError, FileNotFoundError: the source cannot be read or holds no usable row.
+    """
+    if cfg.train_data is not None:
+        return _load(cfg.train_data, cfg.data_fields)
+    return [dict(t) for t in env.unwrapped.tasks]
+
+
+def eval_source(cfg: Any, env: Any) -> Any:
+    """The evaluation source of ``cfg`` for ``env`` (see the module docstring), or ``None`` if there is none."""
+    from mas_envs.data import BUNDLED
+
+    if cfg.eval_data is not None:
+        return cfg.eval_data
+    unwrapped = env.unwrapped
+    src = getattr(unwrapped, "default_eval_tasks", None)
+    if src is not None:
+        return src
+    train = getattr(unwrapped, "default_tasks", None)
+    if isinstance(train, str) and train.endswith("-train"):
+        guess = train[: -len("-train")] + "-test"
+        if guess in BUNDLED:
+            return guess
+    return None
+
+
+def eval_tasks(cfg: Any, env: Any, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """Evaluation rows (the first ``limit`` when given).
+
+    Raises:
+        NoEvalTasksError: no evaluation set is known; the message says to set ``eval_data`` or turn
+            evaluation off.
+        ValueError, FileNotFoundError: the source cannot be read or holds no usable row.
+    """
+    src = eval_source(cfg, env)
+    if src is None:
+        raise NoEvalTasksError(
+            f"env {cfg.env!r} has no evaluation set: set eval_data (a bundled set name, a file or a "
+            "procedural spec), or eval_steps: 0 to train without evaluation"
+        )
+    rows = _load(src, cfg.data_fields)
+    if not rows:
+        raise NoEvalTasksError(f"eval_data {src!r} holds no tasks")
+    return rows[:limit] if limit else rows
+
+
+class TaskSampler:
+    """Deterministic task order: epoch ``e`` visits the tasks in ``permutation(seed, e)`` order.
+
+    The whole state is the number of tasks consumed, so a checkpoint stores one integer and a resumed run
+    draws exactly the batches an uninterrupted run would.
+
+    Args:
+        tasks: task rows (non-empty).
+        seed: shuffling seed.
+        shuffle: ``False`` keeps the file order.
+
+    Raises:
+        ValueError: no tasks.
+    """
+
+    def __init__(self, tasks: Sequence[Mapping[str, Any]], seed: int = 0, *, shuffle: bool = True) -> None:
+        if not tasks:
+            raise ValueError("no training tasks: check train_data (or the env's default task list)")
+        self.tasks = list(tasks)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.consumed = 0
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            n = len(self.tasks)
+            perm = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+            self._order = (epoch, perm)
+        return self._order[1]
+
+    def next(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` tasks (crossing into the next epoch when needed)."""
+        out = []
+        for _ in range(n):
+            epoch, pos = divmod(self.consumed, len(self.tasks))
+            out.append(dict(self.tasks[int(self._perm(epoch)[pos])]))
+            self.consumed += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed": self.consumed, "seed": self.seed, "num_tasks": len(self.tasks)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Restore the position.
+
+        Raises:
+            ValueError: the saved sampler had another seed or task count (different data).
+        """
+        if int(state["seed"]) != self.seed or int(state["num_tasks"]) != len(self.tasks):
+            raise ValueError(
+                f"the checkpoint's data order (seed {state['seed']}, {state['num_tasks']} tasks) differs from this "
+                f"run's (seed {self.seed}, {len(self.tasks)} tasks); resume with the same seed and train_data"
+            )
+        self.consumed = int(state["consumed"])
