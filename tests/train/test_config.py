@@ -239,7 +239,10 @@ def test_yaml_round_trip(tmp_path):
         model_sharing={"verifier": "v", "search": "sa", "answer": "sa"},
         model_groups={
             "sa": ModelGroupConfig(
-                model="tiny-qwen3", backend_kwargs={"mem_fraction_static": 0.4}, grpo={"beta": 0.01}
+                model="tiny-qwen3",
+                backend="sglang_engine",
+                backend_options={"mem_fraction_static": 0.4},
+                grpo={"beta": 0.01},
             )
         },
         agents={"answer": AgentConfig(sampling=SamplingConfig(temperature=0.3), learning_rate=1e-6)},
@@ -319,7 +322,8 @@ def test_cli_value_forms():
             "--env_kwargs.max_loops", "3",
             "--env_kwargs", "max_turns=4",
             "--sampling.top_k", "20",
-            "--model_groups.a.backend_kwargs.mem_fraction_static", "0.45",
+            "--model_groups.a.backend", "sglang_engine",
+            "--model_groups.a.backend_options.mem_fraction_static", "0.45",
             "--model_groups.a.num_gpus=0.5",
         ]
     )  # fmt: skip
@@ -330,7 +334,8 @@ def test_cli_value_forms():
     assert cfg.env_kwargs == {"max_loops": 3, "max_turns": 4}
     assert cfg.sampling.top_k == 20
     g = cfg.resolve(AGENTS).model_groups["a"]
-    assert (g.backend_kwargs, g.num_gpus, g.agents) == ({"mem_fraction_static": 0.45}, 0.5, ("solver",))
+    assert (g.backend_options.mem_fraction_static, g.num_gpus, g.agents) == (0.45, 0.5, ("solver",))
+    assert g.backend_kwargs == {"mem_fraction_static": 0.45}  # the deprecated view: options set away from default
     assert parse_args(["--log_agent_grad_norms"]).log_agent_grad_norms is True
 
 
@@ -368,7 +373,7 @@ def test_help_lists_flags_with_help_text(capsys):
         "--config YAML",
         "--agent_models",
         "--agents.<agent>.sampling.temperature",
-        "--model_groups.<group>.backend_kwargs",
+        "--model_groups.<group>.backend_options",
         "(default: drmas)",
     ):
         assert text in out, text
