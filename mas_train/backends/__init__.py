@@ -122,14 +122,15 @@ _SGLANG_HINT = (
 )
 register_backend("hf", HFOptions, _make_hf)
 register_backend(
-    "sglang_engine", SGLangEngineOptions, "mas_train.backends.sglang:make_from_options", install_hint=_SGLANG_HINT
+    "sglang_engine",
+    SGLangEngineOptions,
+    "mas_train.backends.sglang:make_from_options",
+    install_hint=_SGLANG_HINT,
 )
 register_backend(
     "sglang_http", SGLangHTTPOptions, "mas_train.backends.sglang:make_from_options", install_hint=_SGLANG_HINT
 )
-register_backend(
-    "openai", OpenAIOptions, _make_openai, can_train=False, install_hint="pip install openai"
-)
+register_backend("openai", OpenAIOptions, _make_openai, can_train=False, install_hint="pip install openai")
 
 #: The built-in kinds, in registry order (the config's ``backend`` choices; see :func:`backend_kind`).
 BACKEND_KINDS: tuple[str, ...] = tuple(_REGISTRY)

@@ -40,7 +40,8 @@ class HFOptions:
         "Device of the private copy (e.g. cuda:1). None = the trained model's device.", default=None
     )
     dtype: str | None = _help(
-        "dtype of the private copy: float32, bfloat16 or float16. None = the trained model's dtype.", default=None
+        "dtype of the private copy: float32, bfloat16 or float16. None = the trained model's dtype.",
+        default=None,
     )
 
     def __post_init__(self) -> None:
@@ -98,7 +99,9 @@ class SGLangEngineOptions(_SGLangCommon):
         "engine has it and CUDA is available.",
         default="auto",
     )
-    bucket_bytes: int = _help("Upper bound of one update_weights_from_tensor payload (bytes).", default=512 * 1024**2)
+    bucket_bytes: int = _help(
+        "Upper bound of one update_weights_from_tensor payload (bytes).", default=512 * 1024**2
+    )
     engine_kwargs: dict[str, Any] = _help("Further sglang.ServerArgs fields.", default_factory=dict)
     model_path: str | None = _help(
         "Folder or hub id the engine serves. None = the model group's model.", default=None
@@ -117,7 +120,8 @@ class SGLangHTTPOptions(_SGLangCommon):
     """Options of ``backend: sglang_http`` (an SGLang server: an existing ``url``, or one launched here)."""
 
     url: str | None = _help(
-        "An already running server, e.g. http://10.0.0.5:30000. None = launch one on 127.0.0.1:port.", default=None
+        "An already running server, e.g. http://10.0.0.5:30000. None = launch one on 127.0.0.1:port.",
+        default=None,
     )
     port: int = _help("Port of the server launched when no url is given.", default=30000)
     timeout: float = _help("Seconds one request may take (generation and weight loading).", default=600.0)

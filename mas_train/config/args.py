@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from mas_train.config.common import ConfigError
-from mas_train.config.omega import ArgParser, build_argparser, cli_overrides, flatten, load_yaml, overrides_tree
+from mas_train.config.omega import (
+    ArgParser,
+    build_argparser,
+    cli_overrides,
+    flatten,
+    load_yaml,
+    overrides_tree,
+)
 from mas_train.config.sections import AgentConfig, ModelGroupConfig, SamplingConfig
 from mas_train.config.train import TrainConfig
 
@@ -120,7 +127,9 @@ def _saved_config(spec: str, output_dir: str) -> dict[str, Any]:
         raise ConfigError(str(err)) from None
     path = Path(ckpt) / "config.yaml"
     if not path.is_file():
-        raise ConfigError(f"--resume {spec}: checkpoint {ckpt} has no config.yaml to resume the run's settings from")
+        raise ConfigError(
+            f"--resume {spec}: checkpoint {ckpt} has no config.yaml to resume the run's settings from"
+        )
     saved = load_yaml(path)
     saved.pop("resume", None)
     return saved

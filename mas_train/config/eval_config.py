@@ -39,7 +39,8 @@ class EvalConfig:
     )
     env: str | None = _help("Environment id. None = the checkpoint's, else the default env.", default=None)
     env_kwargs: dict[str, Any] = _help(
-        "Extra keyword arguments for mas_envs.make, over the checkpoint's (e.g. max_loops=3).", default_factory=dict
+        "Extra keyword arguments for mas_envs.make, over the checkpoint's (e.g. max_loops=3).",
+        default_factory=dict,
     )
     data: str | None = _help(
         "Benchmark: a bundled set name (gsm8k-test, math500, ...) or a .jsonl/.json/.parquet path. None = the env's "
@@ -49,9 +50,13 @@ class EvalConfig:
     k: int = _help("Episodes per task (avg@k, pass@k).", default=DEFAULT_EVAL_K)
     num_tasks: int | None = _help("Evaluate only the first N tasks (N >= 1). None = all.", default=None)
     temperature: float | None = _help("Sampling temperature. None = the run's eval_sampling.", default=None)
-    top_p: float | None = _help("Nucleus sampling mass in (0, 1]. None = the run's eval_sampling.", default=None)
+    top_p: float | None = _help(
+        "Nucleus sampling mass in (0, 1]. None = the run's eval_sampling.", default=None
+    )
     max_new_tokens: int | None = _help("Tokens per agent turn. None = the run's eval_sampling.", default=None)
-    tasks_per_batch: int = _help("Tasks rolled out together (bounds memory).", default=DEFAULT_EVAL_TASKS_PER_BATCH)
+    tasks_per_batch: int = _help(
+        "Tasks rolled out together (bounds memory).", default=DEFAULT_EVAL_TASKS_PER_BATCH
+    )
     seed: int = _help("Sampling seed.", default=0)
     output_dir: str = _help("Where 'latest' checkpoints are searched.", default="runs")
     output: str | None = _help("Also write the metrics as JSON to this file.", default=None)
@@ -60,7 +65,9 @@ class EvalConfig:
         if self.checkpoint is not None and self.model is not None:
             raise ConfigError("give --checkpoint or --model, not both")
         if self.initial and self.checkpoint is None:
-            raise ConfigError("--initial evaluates a checkpoint's run with its initial weights: give --checkpoint")
+            raise ConfigError(
+                "--initial evaluates a checkpoint's run with its initial weights: give --checkpoint"
+            )
         check_min("k", self.k, 1)
         check_min("num_tasks", self.num_tasks, 1, none_ok=True)
         check_min("tasks_per_batch", self.tasks_per_batch, 1)

@@ -143,13 +143,17 @@ def check_grpo(where: str, grpo: Any) -> None:
         if key in _RESERVED:
             raise ConfigError(f"{where}.{key}: set it through {_RESERVED[key]}, not through grpo")
         if key.startswith("vllm_"):
-            raise ConfigError(f"{where}.{key}: vLLM settings do not apply; generation runs on mas_train backends")
+            raise ConfigError(
+                f"{where}.{key}: vLLM settings do not apply; generation runs on mas_train backends"
+            )
         known = _grpo_fields()  # importing TRL takes seconds: only for a key that is not honoured
         if known is not None and key not in known:
             raise ConfigError(
                 f"{where}.{key} is not a TRL GRPOConfig setting.{close_matches(key, sorted(GRPO_HONOURED))}"
             )
-        reason = _REASONS.get(key, "our update calls TRL's compute_loss on pre-built samples and never reads it")
+        reason = _REASONS.get(
+            key, "our update calls TRL's compute_loss on pre-built samples and never reads it"
+        )
         raise ConfigError(
             f"{where}.{key} is a TRL GRPOConfig setting that mas_train does not honour: {reason}. Honoured: "
             f"{', '.join(sorted(GRPO_HONOURED))}"

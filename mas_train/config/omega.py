@@ -96,7 +96,9 @@ def _mapping(text: str, flag: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
-            raise ConfigError(f"{flag}: expected key=value pairs separated by commas, got {part!r} in {text!r}")
+            raise ConfigError(
+                f"{flag}: expected key=value pairs separated by commas, got {part!r} in {text!r}"
+            )
         k, v = part.split("=", 1)
         out[k.strip()] = _scalar(v.strip())
     return out
@@ -148,7 +150,9 @@ def _translate(err: Exception, where: str) -> ConfigError:
     return ConfigError(f"{path}: {msg}")
 
 
-def build(cls: type, layers: Sequence[Any], *, where: str = "", fixup: Callable[[Any], None] | None = None) -> Any:
+def build(
+    cls: type, layers: Sequence[Any], *, where: str = "", fixup: Callable[[Any], None] | None = None
+) -> Any:
     """Merge ``layers`` (mappings, later wins) over the schema of dataclass ``cls`` and build the instance.
 
     Args:
@@ -189,7 +193,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = OmegaConf.load(path)
     except Exception as err:  # noqa: BLE001 -- yaml's parser errors have no common public base here
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}"
+        ) from None
     if not isinstance(data, DictConfig):
         raise ConfigError(f"config file {str(path)!r} must hold a YAML mapping at top level")
     return OmegaConf.to_container(data)  # type: ignore[return-value]
@@ -272,7 +278,9 @@ def cli_overrides(
         add(tuple(key.split(".")), text, f"--{key}")
 
     hints = typing.get_type_hints(cls)
-    nested = [n for n, t in hints.items() if _is_mapping_type(t) or dataclasses.is_dataclass(unwrap_optional(t)[0])]
+    nested = [
+        n for n, t in hints.items() if _is_mapping_type(t) or dataclasses.is_dataclass(unwrap_optional(t)[0])
+    ]
     known_flags = [a for action in parser._actions for a in action.option_strings]
     i = 0
     while i < len(rest):

@@ -179,7 +179,9 @@ def _agent_to_group(cfg: Any, agent_names: list[str], agent_cfg: dict[str, Agent
 def _agreed(g: str, members: tuple[str, ...], field: str, values: dict[str, Any], fix: str) -> Any:
     if len(set(values.values())) > 1:
         shown = ", ".join(f"{a}={v!r}" for a, v in values.items())
-        raise ConfigError(f"agents {list(members)} share model group {g!r} but disagree on {field}: {shown}. {fix}")
+        raise ConfigError(
+            f"agents {list(members)} share model group {g!r} but disagree on {field}: {shown}. {fix}"
+        )
     return next(iter(values.values()))
 
 
@@ -227,14 +229,19 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
         optim = {}
         for f in OPTIM_FIELDS:
             base = getattr(gcfg, f) if getattr(gcfg, f) is not None else getattr(cfg, f)
-            values = {a: getattr(agent_cfg[a], f) if getattr(agent_cfg[a], f) is not None else base for a in members}
+            values = {
+                a: getattr(agent_cfg[a], f) if getattr(agent_cfg[a], f) is not None else base for a in members
+            }
             optim[f] = _agreed(g, members, f, values, fix.replace("<setting>", f))
         group_trainable = gcfg.trainable if gcfg.trainable is not None else cfg.trainable
         trainable = _agreed(
             g,
             members,
             "trainable",
-            {a: agent_cfg[a].trainable if agent_cfg[a].trainable is not None else group_trainable for a in members},
+            {
+                a: agent_cfg[a].trainable if agent_cfg[a].trainable is not None else group_trainable
+                for a in members
+            },
             f"A model group is trained as a whole: set model_groups.{g}.trainable, or give the frozen agents "
             "their own group (model_sharing: per_agent).",
         )

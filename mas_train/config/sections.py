@@ -99,7 +99,9 @@ class ModelGroupConfig:
     trainable: bool | None = _help(
         "Train this group's weights (false: it only samples). None = the top-level trainable.", default=None
     )
-    backend: str | None = _help(f"Generation backend, one of {list(BACKENDS)}. None = top level.", default=None)
+    backend: str | None = _help(
+        f"Generation backend, one of {list(BACKENDS)}. None = top level.", default=None
+    )
     backend_options: dict[str, Any] = _help(
         "Options of this group's backend kind (mas_train.backends.options: HFOptions, SGLangEngineOptions, "
         "SGLangHTTPOptions, OpenAIOptions), merged over the top-level backend_options when the kinds match.",
@@ -130,7 +132,9 @@ class ModelGroupConfig:
         default_factory=dict,
     )
     num_cpus: float = _help("CPUs reserved for this group's worker (pool: ray).", default=1.0)
-    num_gpus: float = _help("GPUs (fractions allowed) reserved for this group's worker (pool: ray).", default=0.0)
+    num_gpus: float = _help(
+        "GPUs (fractions allowed) reserved for this group's worker (pool: ray).", default=0.0
+    )
 
     def __post_init__(self) -> None:
         where = f"model_groups.{self.name}" if self.name else "model_groups.<group>"
@@ -176,13 +180,19 @@ class AgentConfig:
     sampling: SamplingConfig | None = _help(
         "Sampling for this agent's turns; keys not given inherit the top-level sampling.", default=None
     )
-    learning_rate: float | None = _help("Learning rate override (must agree within a model group).", default=None)
-    weight_decay: float | None = _help("Weight decay override (must agree within a model group).", default=None)
+    learning_rate: float | None = _help(
+        "Learning rate override (must agree within a model group).", default=None
+    )
+    weight_decay: float | None = _help(
+        "Weight decay override (must agree within a model group).", default=None
+    )
     max_grad_norm: float | None = _help(
         "Gradient clipping override (must agree within a model group).", default=None
     )
     warmup_steps: float | None = _help("Warmup override (must agree within a model group).", default=None)
-    lr_scheduler_type: str | None = _help("Scheduler override (must agree within a model group).", default=None)
+    lr_scheduler_type: str | None = _help(
+        "Scheduler override (must agree within a model group).", default=None
+    )
 
     def __post_init__(self) -> None:
         check_optim(f"agents.{self.name or '<agent>'}", self)

@@ -54,7 +54,9 @@ class TrainConfig:
     """One training run. Every field is a CLI flag of the same name and a YAML key."""
 
     # --- environment and data ---
-    env: str = _help("Environment id for mas_envs.make (e.g. math-2agent, search-3agent).", default=DEFAULT_ENV)
+    env: str = _help(
+        "Environment id for mas_envs.make (e.g. math-2agent, search-3agent).", default=DEFAULT_ENV
+    )
     env_kwargs: dict[str, Any] = _help(
         "Extra keyword arguments for mas_envs.make (e.g. max_loops, max_turns).", default_factory=dict
     )
@@ -65,7 +67,9 @@ class TrainConfig:
         "Training tasks: a bundled dataset name or a path (.jsonl/.json/.parquet). None = the env's default.",
         default=None,
     )
-    eval_data: str | None = _help("Evaluation tasks (same forms as train_data). None = the env's default.", default=None)
+    eval_data: str | None = _help(
+        "Evaluation tasks (same forms as train_data). None = the env's default.", default=None
+    )
     data_fields: dict[str, str] = _help(
         "Column renames for custom data, task field -> column (e.g. question=problem,answer=solution).",
         default_factory=dict,
@@ -85,14 +89,17 @@ class TrainConfig:
     trainable: bool = _help(
         "Default of model_groups.<g>.trainable / agents.<a>.trainable (false: sample only).", default=True
     )
-    backend: str = _help(f"Default generation backend of every model group, one of {list(BACKENDS)}.", default="hf")
+    backend: str = _help(
+        f"Default generation backend of every model group, one of {list(BACKENDS)}.", default="hf"
+    )
     backend_options: dict[str, Any] = _help(
         "Default options of the groups whose backend is the top-level backend (see model_groups.<g>."
         "backend_options).",
         default_factory=dict,
     )
     dtype: str = _help(
-        f"Default weights dtype, one of {list(DTYPES)} (auto: float32 on CPU, bfloat16 on GPU).", default="auto"
+        f"Default weights dtype, one of {list(DTYPES)} (auto: float32 on CPU, bfloat16 on GPU).",
+        default="auto",
     )
     model_groups: dict[str, ModelGroupConfig] = _help(
         "Per-model-group settings, keyed by group name (see --help epilog).", default_factory=dict
@@ -117,7 +124,9 @@ class TrainConfig:
         default_factory=dict,
     )
     # --- algorithm ---
-    num_generations: int = _help("G: trajectories sampled per task (the task group).", default=DEFAULT_NUM_GENERATIONS)
+    num_generations: int = _help(
+        "G: trajectories sampled per task (the task group).", default=DEFAULT_NUM_GENERATIONS
+    )
     tasks_per_step: int = _help("Distinct tasks per training step.", default=DEFAULT_TASKS_PER_STEP)
     advantage_mode: str = _help(
         "drmas: per-agent mean and std (Dr. MAS eq. 5); grpo: global (eq. 2); agent_mean: (mu_k, sigma); "
@@ -129,7 +138,9 @@ class TrainConfig:
         default="group",
     )
     advantage_eps: float = _help("epsilon in A = (s - mu)/(sigma + epsilon).", default=1e-6)
-    sampling: SamplingConfig = _help("Default sampling of every agent during training.", default_factory=SamplingConfig)
+    sampling: SamplingConfig = _help(
+        "Default sampling of every agent during training.", default_factory=SamplingConfig
+    )
     max_prompt_length: int = _help(
         "Longest prompt (tokens) an agent turn may have; a longer one is not truncated: the turn is skipped as an "
         "invalid (empty) action and counted in charts/prompt_overflow.",
@@ -159,13 +170,18 @@ class TrainConfig:
     )
     eval_steps: int = _help("Evaluate every N steps (and at the end); 0 = never.", default=DEFAULT_EVAL_STEPS)
     eval_before_training: bool = _help(
-        "Also evaluate before the first step (step 0: the initial weights), when evaluation is on.", default=True
+        "Also evaluate before the first step (step 0: the initial weights), when evaluation is on.",
+        default=True,
     )
     eval_k: int = _help("Samples per eval task for avg@k / pass@k.", default=DEFAULT_EVAL_K)
-    eval_num_tasks: int | None = _help("Eval tasks per evaluation. None = all.", default=DEFAULT_EVAL_NUM_TASKS)
+    eval_num_tasks: int | None = _help(
+        "Eval tasks per evaluation. None = all.", default=DEFAULT_EVAL_NUM_TASKS
+    )
     eval_sampling: SamplingConfig = _help(
         "Sampling of every agent during evaluation.",
-        default_factory=lambda: SamplingConfig(temperature=DEFAULT_EVAL_TEMPERATURE, top_p=DEFAULT_EVAL_TOP_P),
+        default_factory=lambda: SamplingConfig(
+            temperature=DEFAULT_EVAL_TEMPERATURE, top_p=DEFAULT_EVAL_TOP_P
+        ),
     )
     resume: str | None = _help(
         "Continue a run: a checkpoint folder (runs/<run>/checkpoints/step-N), a run folder (its newest "
@@ -219,11 +235,15 @@ class TrainConfig:
         for key_name, section in (("model_groups", self.model_groups), ("agents", self.agents)):
             for key, sub in section.items():
                 if sub.name and sub.name != key:
-                    raise ConfigError(f"{key_name}[{key!r}] has name {sub.name!r}; leave name empty or equal the key")
+                    raise ConfigError(
+                        f"{key_name}[{key!r}] has name {sub.name!r}; leave name empty or equal the key"
+                    )
                 sub.name = key
                 if isinstance(sub, ModelGroupConfig):
                     if not GROUP_NAME_RE.match(key):
-                        raise ConfigError(f"model_groups.{key}: a group name may use letters, digits, '_', '.', '-' only")
+                        raise ConfigError(
+                            f"model_groups.{key}: a group name may use letters, digits, '_', '.', '-' only"
+                        )
                     kind = sub.backend or self.backend
                     inherited = self.backend_options if kind == self.backend else {}
                     if sub.backend_options or inherited:
@@ -259,7 +279,9 @@ class TrainConfig:
                 raise ConfigError(f"a config must be a mapping of settings, got {type(data).__name__}")
             for key in ("agents", "model_groups"):
                 if data.get(key) is not None and not isinstance(data[key], Mapping):
-                    raise ConfigError(f"{key} must be a mapping name -> settings, got {type(data[key]).__name__}")
+                    raise ConfigError(
+                        f"{key} must be a mapping name -> settings, got {type(data[key]).__name__}"
+                    )
         # keys of an agent's sampling that some layer sets; the others are taken from the top-level sampling
         given: dict[str, set[str]] = {}
         for data in layers:

@@ -32,6 +32,10 @@ against a real SGLang, see ``docs/scaling.md``):
   ``release_memory_occupation(tags=None)`` / ``resume_memory_occupation(tags=None)`` (need
   ``enable_memory_saver`` and an idle engine), ``GET /health`` (200 once the server is up).
 
+Modules: :mod:`.wire` (request/answer mapping shared by both), :mod:`.engine`, :mod:`.http`; this module
+holds the factory from typed options (:class:`~mas_train.backends.options.SGLangEngineOptions`, ``SGLangHTTPOptions``).
+"""
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +72,10 @@ SGLANG_BACKEND_KWARGS: dict[str, str] = {
 
 
 def make_from_options(
-    options: SGLangEngineOptions | SGLangHTTPOptions, model: Any = None, tokenizer: Any = None, group: Any = None
+    options: SGLangEngineOptions | SGLangHTTPOptions,
+    model: Any = None,
+    tokenizer: Any = None,
+    group: Any = None,
 ) -> SGLangEngineBackend | SGLangHTTPBackend:
     """The registry factory of both SGLang kinds (see :func:`mas_train.backends.make_backend`).
 
@@ -127,7 +134,9 @@ def make_from_options(
             raise
         return backend
     if model_path is None:
-        raise ValueError("sglang_http without backend_options.url launches a server: it needs the model to serve")
+        raise ValueError(
+            "sglang_http without backend_options.url launches a server: it needs the model to serve"
+        )
     extra = list(options.extra_args)
     if dtype and dtype != "auto":
         extra += ["--dtype", dtype]
@@ -157,7 +166,9 @@ def make_sglang_backend(group: Any, model: Any = None, tokenizer: Any = None) ->
 
     kind = getattr(group, "backend", None)
     if kind not in _OPTION_CLASSES:
-        raise ValueError(f"make_sglang_backend: backend must be 'sglang_engine' or 'sglang_http', got {kind!r}")
+        raise ValueError(
+            f"make_sglang_backend: backend must be 'sglang_engine' or 'sglang_http', got {kind!r}"
+        )
     options = getattr(group, "backend_options", None)
     if options is None:
         options = getattr(group, "backend_kwargs", None)

@@ -304,5 +304,3 @@ class SGLangHTTPBackend:
             raise RuntimeError("this SGLang backend is closed")
         if self._asleep:
             raise RuntimeError("this SGLang backend is asleep (memory released); call wake() first")
-
-

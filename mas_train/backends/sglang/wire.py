@@ -27,6 +27,7 @@ INSTALL_HINT = (
     "backend: sglang_http with backend_options.url."
 )
 
+
 def to_sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
     """Translate our :class:`SamplingParams` into an SGLang ``sampling_params`` dict.
 
@@ -285,5 +286,3 @@ def _buckets(
         size += nbytes
     if bucket:
         yield bucket
-
-
