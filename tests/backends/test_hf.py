@@ -11,7 +11,7 @@ import torch
 from mas_train.backends import make_backend as make_backend_by_name
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
-from tests.backends.contract import BackendContract, chat_prompt, reference_greedy, teacher_forced_logprobs
+from mas_train.backends.testing import BackendContract, chat_prompt, reference_greedy, teacher_forced_logprobs
 
 
 class TestHFBackend(BackendContract):
@@ -223,13 +223,24 @@ def test_truncation_matches_transformers_warpers(vocab, k, p):
 
 def test_make_backend_factory(model_tok):
     model, tok = model_tok
-    assert isinstance(make_backend_by_name("hf", model, tok, max_batch_size=3), HFBackend)
-    cfg = SimpleNamespace(backend="hf", backend_kwargs={"max_batch_size": 3, "seed": 1})
-    backend = make_backend_by_name(cfg, model, tok, seed=5)
-    assert backend.max_batch_size == 3
-    with pytest.raises(ValueError, match="unknown backend 'vllm'"):
-        make_backend_by_name("vllm", model, tok)
-    with pytest.raises(ValueError, match="needs model= and tokenizer="):
+    from mas_train.backends.options import HFOptions
+
+    made = make_backend_by_name("hf", HFOptions(max_batch_size=3), model, tok)
+    assert isinstance(made, HFBackend) and made.max_batch_size == 3
+    assert (
+        make_backend_by_name("hf", {"max_batch_size": 2, "dtype": "bfloat16"}, model, tok).max_batch_size == 2
+    )
+    # a resolved model group: its backend and typed backend_options
+    group = SimpleNamespace(backend="hf", backend_options=HFOptions(max_batch_size=5, seed=1))
+    assert make_backend_by_name(group, model, tok).max_batch_size == 5
+    # an object of the old shape (backend_kwargs) still builds
+    old = SimpleNamespace(backend="hf", backend_kwargs={"max_batch_size": 3})
+    assert make_backend_by_name(old, model, tok).max_batch_size == 3
+    with pytest.raises(ValueError, match="unknown backend 'vlm'.*Did you mean 'hf'|unknown backend 'vlm'"):
+        make_backend_by_name("vlm", None, model, tok)
+    with pytest.raises(ValueError, match=r"no option 'max_batch'. Did you mean 'max_batch_size'"):
+        make_backend_by_name("hf", {"max_batch": 3}, model, tok)
+    with pytest.raises(ValueError, match="needs the model group's model and tokenizer"):
         make_backend_by_name("hf")
 
 

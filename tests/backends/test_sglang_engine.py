@@ -272,7 +272,7 @@ def test_factory_builds_the_engine_with_server_args(monkeypatch, fresh_runtime, 
         model=model_path,
         backend="sglang_engine",
         dtype="bfloat16",
-        backend_kwargs={"mem_fraction_static": 0.3, "gpu_ids": [2], "random_seed": 7, "weight_sync": "disk"},
+        backend_options={"mem_fraction_static": 0.3, "gpu_ids": [2], "random_seed": 7, "weight_sync": "disk"},
     )
     backend = make_sglang_backend(group, model=fresh_runtime.model, tokenizer=fresh_runtime.tokenizer)
     assert built == [
@@ -290,17 +290,17 @@ def test_factory_builds_the_engine_with_server_args(monkeypatch, fresh_runtime, 
     backend.close()
     assert backend.engine.shut_down  # the backend built the engine, so it shuts it down
 
-    group.backend_kwargs = {"mem_fraction": 0.3}
-    with pytest.raises(ValueError, match=r"unknown keys \['mem_fraction'\].*mem_fraction_static"):
+    group.backend_options = {"mem_fraction": 0.3}
+    with pytest.raises(ValueError, match=r"no option 'mem_fraction'. Did you mean 'mem_fraction_static'"):
         make_sglang_backend(group)
-    group.backend_kwargs = {"gpu_ids": [0, 1], "tp_size": 1}
-    with pytest.raises(ValueError, match="must list tp_size=1"):
+    group.backend_options = {"gpu_ids": [0, 1], "tp_size": 1}
+    with pytest.raises(ValueError, match=r"gpu_ids \[0, 1\] must list tp_size=1"):
         make_sglang_backend(group)
 
 
 # -- the shared backend contract (tests/backends/contract.py) -------------------------------------------------
 
-from tests.backends.contract import BackendContract  # noqa: E402
+from mas_train.backends.testing import BackendContract  # noqa: E402
 
 
 @pytest.fixture(scope="module")

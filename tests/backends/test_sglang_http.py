@@ -117,7 +117,7 @@ def test_http_sleep_wake(server, model_path):
 
 def test_unreachable_server_fails_fast_with_a_clear_error():
     url = f"http://127.0.0.1:{_free_port()}"
-    backend = SGLangHTTPBackend(url, connect_retries=2, retry_backoff=0.01, timeout=5)
+    backend = SGLangHTTPBackend(url, connect_retries=2, timeout=5)  # httpx transport retries: 1 retry
     started = time.monotonic()
     with pytest.raises(ConnectionError, match=rf"cannot reach the SGLang server at {url}/generate after 2"):
         backend.generate([[1, 2]], SamplingParams(max_new_tokens=1))
@@ -144,14 +144,14 @@ def test_launch_a_server_process_over_real_sockets(model_path):
         assert len(out.completion_ids) == 3 and out.finish_reason == "length"
         process = backend._process
 
-        # a model group pointing at a running server (backend_kwargs.url) reaches the same server
+        # a model group pointing at a running server (backend_options.url) reaches the same server
         from types import SimpleNamespace
 
         from mas_train.backends import make_backend
 
         group = SimpleNamespace(
             name="solver", model=model_path, backend="sglang_http", dtype="auto",
-            backend_kwargs={"url": backend.url, "timeout": 60, "startup_timeout": 30},
+            backend_options={"url": backend.url, "timeout": 60, "startup_timeout": 30},
         )  # fmt: skip
         remote = make_backend(group)
         try:
@@ -167,7 +167,7 @@ def test_launch_a_server_process_over_real_sockets(model_path):
 
 # -- the shared backend contract (tests/backends/contract.py) -------------------------------------------------
 
-from tests.backends.contract import BackendContract  # noqa: E402
+from mas_train.backends.testing import BackendContract  # noqa: E402
 
 
 class TestSGLangHTTPContract(BackendContract):

@@ -15,7 +15,10 @@ from mas_train.config import (
     SamplingConfig,
     TrainConfig,
     build_parser,
+    config_diff,
+    explicit_overrides,
     parse_args,
+    parse_eval_args,
 )
 
 AGENTS = ["solver", "verifier"]
@@ -239,7 +242,10 @@ def test_yaml_round_trip(tmp_path):
         model_sharing={"verifier": "v", "search": "sa", "answer": "sa"},
         model_groups={
             "sa": ModelGroupConfig(
-                model="tiny-qwen3", backend_kwargs={"mem_fraction_static": 0.4}, grpo={"beta": 0.01}
+                model="tiny-qwen3",
+                backend="sglang_engine",
+                backend_options={"mem_fraction_static": 0.4},
+                grpo={"beta": 0.01},
             )
         },
         agents={"answer": AgentConfig(sampling=SamplingConfig(temperature=0.3), learning_rate=1e-6)},
@@ -319,7 +325,8 @@ def test_cli_value_forms():
             "--env_kwargs.max_loops", "3",
             "--env_kwargs", "max_turns=4",
             "--sampling.top_k", "20",
-            "--model_groups.a.backend_kwargs.mem_fraction_static", "0.45",
+            "--model_groups.a.backend", "sglang_engine",
+            "--model_groups.a.backend_options.mem_fraction_static", "0.45",
             "--model_groups.a.num_gpus=0.5",
         ]
     )  # fmt: skip
@@ -330,7 +337,10 @@ def test_cli_value_forms():
     assert cfg.env_kwargs == {"max_loops": 3, "max_turns": 4}
     assert cfg.sampling.top_k == 20
     g = cfg.resolve(AGENTS).model_groups["a"]
-    assert (g.backend_kwargs, g.num_gpus, g.agents) == ({"mem_fraction_static": 0.45}, 0.5, ("solver",))
+    assert (g.backend_options.mem_fraction_static, g.num_gpus, g.agents) == (0.45, 0.5, ("solver",))
+    assert g.backend_kwargs == {
+        "mem_fraction_static": 0.45
+    }  # the deprecated view: options set away from default
     assert parse_args(["--log_agent_grad_norms"]).log_agent_grad_norms is True
 
 
@@ -368,7 +378,7 @@ def test_help_lists_flags_with_help_text(capsys):
         "--config YAML",
         "--agent_models",
         "--agents.<agent>.sampling.temperature",
-        "--model_groups.<group>.backend_kwargs",
+        "--model_groups.<group>.backend_options",
         "(default: drmas)",
     ):
         assert text in out, text
@@ -377,3 +387,284 @@ def test_help_lists_flags_with_help_text(capsys):
     for f in dataclasses.fields(TrainConfig):
         if f.name not in ("agents", "model_groups", "sampling", "eval_sampling"):
             assert f"--{f.name}" in flags, f.name
+
+
+# ------------------------------------------------------------------------------------ new fields and checks
+
+
+def test_option_lists_are_defined_once():
+    from mas_train import advantages, backends
+    from mas_train import config as C
+
+    assert C.ADVANTAGE_MODES is advantages.MODES and C.ADVANTAGE_SCOPES is advantages.SCOPES
+    assert C.BACKENDS == backends.BACKEND_KINDS == ("hf", "sglang_engine", "sglang_http", "openai")
+    assert "shared_lora" in C.SHARING_MODES
+
+
+def test_micro_batch_size_top_level_and_per_group():
+    r = parse_args(["--model_sharing", "per_agent", "--model_groups.verifier.micro_batch_size", "2"]).resolve(
+        AGENTS
+    )
+    assert (r.model_groups["solver"].micro_batch_size, r.model_groups["verifier"].micro_batch_size) == (4, 2)
+    assert (
+        parse_args(["--micro_batch_size", "8"]).resolve(AGENTS).model_groups["shared"].micro_batch_size == 8
+    )
+    with pytest.raises(ConfigError, match="micro_batch_size must be >= 1, got 0"):
+        parse_args(["--micro_batch_size", "0"])
+    with pytest.raises(ConfigError, match=r"model_groups.a.micro_batch_size must be >= 1 or None, got 0"):
+        TrainConfig.from_dict({"model_groups": {"a": {"micro_batch_size": 0}}})
+
+
+def test_trainable_inherits_and_must_agree_within_a_group():
+    r = parse_args(["--model_sharing", "per_agent", "--agents.verifier.trainable", "false"]).resolve(AGENTS)
+    assert (r.model_groups["solver"].trainable, r.model_groups["verifier"].trainable) == (True, False)
+    assert TrainConfig(trainable=False).resolve(AGENTS).model_groups["shared"].trainable is False
+    with pytest.raises(
+        ConfigError, match=r"disagree on trainable: solver=True, verifier=False.*trained as a whole"
+    ):
+        parse_args(["--agents.verifier.trainable", "false"]).resolve(AGENTS)
+
+
+def test_openai_backend_samples_only():
+    from mas_train.backends.options import OpenAIOptions
+
+    base = ["--backend", "openai", "--backend_options", "base_url=http://localhost:8000/v1,model=qwen"]
+    with pytest.raises(
+        ConfigError, match=r"backend 'openai', which only samples.*model_groups.shared.trainable: false"
+    ):
+        parse_args(base).resolve(AGENTS)
+    g = parse_args([*base, "--trainable", "false"]).resolve(AGENTS).model_groups["shared"]
+    assert g.backend_options == OpenAIOptions(base_url="http://localhost:8000/v1", model="qwen")
+    assert (g.backend_options.api_key_env, g.backend_options.endpoint, g.backend_options.max_concurrency) == (
+        "OPENAI_API_KEY",
+        "chat",
+        8,
+    )
+    with pytest.raises(ConfigError, match=r"model_groups.shared.backend_options.base_url is required"):
+        parse_args(["--backend", "openai", "--trainable", "false"]).resolve(AGENTS)
+
+
+def test_backend_options_are_typed_per_kind():
+    from mas_train.backends.options import HFOptions, SGLangEngineOptions
+
+    r = parse_args(
+        ["--model_sharing", "per_agent", "--model_groups.solver.backend", "sglang_engine"]
+        + [
+            "--model_groups.solver.backend_options.gpu_ids",
+            "[1, 2]",
+            "--backend_options.max_batch_size",
+            "16",
+        ]
+    ).resolve(AGENTS)
+    s, v = r.model_groups["solver"].backend_options, r.model_groups["verifier"].backend_options
+    assert isinstance(s, SGLangEngineOptions) and (s.gpu_ids, s.resolved_tp_size, s.base_gpu_id) == (
+        [1, 2],
+        2,
+        1,
+    )
+    assert v == HFOptions(
+        max_batch_size=16
+    )  # top-level backend_options reach the groups of the top-level kind
+    with pytest.raises(ConfigError, match=r"unknown setting 'model_groups.a.backend_options.mem_fraction'. Did you "
+                       r"mean 'mem_fraction_static'"):  # fmt: skip
+        TrainConfig.from_dict(
+            {"model_groups": {"a": {"backend": "sglang_http", "backend_options": {"mem_fraction": 1}}}}
+        )
+    with pytest.raises(
+        ConfigError, match=r"model_groups.a.backend_options.tp_size: cannot read 'two' as int"
+    ):
+        TrainConfig.from_dict(
+            {"model_groups": {"a": {"backend": "sglang_http", "backend_options": {"tp_size": "two"}}}}
+        )
+    with pytest.raises(
+        ConfigError, match=r"model_groups.a.backend_options: gpu_ids \[0\] must list tp_size=2"
+    ):
+        TrainConfig.from_dict(
+            {
+                "model_groups": {
+                    "a": {"backend": "sglang_engine", "backend_options": {"gpu_ids": [0], "tp_size": 2}}
+                }
+            }
+        )
+
+
+def test_backend_kwargs_still_read_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match=r"model_groups.a.backend_kwargs is deprecated: rename it to "
+                      r"model_groups.a.backend_options"):  # fmt: skip
+        cfg = TrainConfig.from_dict({"model_groups": {"a": {"backend_kwargs": {"max_batch_size": 3}}}})
+    assert cfg.model_groups["a"].backend_options == {"max_batch_size": 3}
+
+
+def test_lora_and_shared_lora():
+    from mas_train.config import LoraConfig
+
+    g = parse_args(["--model_sharing", "per_agent", "--model_groups.solver.lora.r", "8"]).resolve(AGENTS)
+    assert g.model_groups["solver"].lora == LoraConfig(r=8, alpha=32, dropout=0.0)
+    assert g.model_groups["solver"].lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert g.model_groups["verifier"].lora is None and g.model_groups["verifier"].base_group is None
+    r = TrainConfig(model_sharing="shared_lora").resolve(SEARCH_AGENTS)
+    assert list(r.model_groups) == SEARCH_AGENTS
+    assert [r.model_groups[a].base_group for a in SEARCH_AGENTS] == ["verifier"] * 3
+    assert all(r.model_groups[a].lora == LoraConfig() for a in SEARCH_AGENTS)
+    with pytest.raises(ConfigError, match=r"shared_lora puts every agent's adapter on one base model"):
+        parse_args(["--model_sharing", "shared_lora", "--agent_models", "solver=a,verifier=b"]).resolve(
+            AGENTS
+        )
+    with pytest.raises(ConfigError, match=r"lora.dropout must be in \[0, 1\), got 1.0"):
+        TrainConfig.from_dict({"model_groups": {"a": {"lora": {"dropout": 1.0}}}})
+
+
+def test_checkpoint_and_eval_cadence_fields():
+    cfg = TrainConfig()
+    assert (cfg.save_total_limit, cfg.eval_before_training) == (2, True)
+    cfg = parse_args(["--save_total_limit", "none", "--eval_before_training=false"])
+    assert (cfg.save_total_limit, cfg.eval_before_training) == (None, False)
+    with pytest.raises(ConfigError, match="save_total_limit must be >= 1 or None, got 0"):
+        parse_args(["--save_total_limit", "0"])
+
+
+@pytest.mark.parametrize(
+    ("key", "match"),
+    [
+        (
+            "repetition_penalty",
+            r"does not honour: sampling is done by our backends; use sampling.\* settings",
+        ),
+        ("scale_rewards", "advantages come from advantage_mode"),
+        ("sync_ref_model", "does not honour: our update calls TRL's compute_loss"),
+        ("use_vllm", "model_groups.<g>.backend"),
+    ],
+)
+def test_grpo_settings_our_update_does_not_honour_are_refused(key, match):
+    with pytest.raises(ConfigError, match=rf"grpo.{key}.*{match}"):
+        parse_args([f"--grpo.{key}", "1"])
+
+
+def test_grpo_honoured_settings_are_grpo_config_fields():
+    trl = pytest.importorskip("trl")
+    from mas_train.config import GRPO_HONOURED
+
+    assert GRPO_HONOURED <= {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert parse_args(["--grpo.mask_truncated_completions", "true"]).grpo == {
+        "mask_truncated_completions": True
+    }
+
+
+def test_every_example_config_parses():
+    import warnings
+    from pathlib import Path
+
+    paths = sorted(Path(__file__).resolve().parents[2].glob("examples/**/*.yaml"))
+    assert len(paths) >= 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the examples use the current spellings
+        configs = {p.name: TrainConfig.from_yaml(p) for p in paths}
+    assert configs["gpu_single.yaml"].model_groups["shared"].backend_options["gpu_ids"] == [0]
+    assert configs["math_2agent_cpu.yaml"].grpo == {"loss_type": "dapo", "epsilon": 0.2, "beta": 0.0}
+
+
+def test_cli_strings_stay_strings_and_errors_are_one_config_error():
+    assert parse_args(["--run_name", "no", "--model=./ckpt"]).run_name == "no"
+    assert parse_args(["--report_to", "jsonl"]).report_to == ["jsonl"]
+    with pytest.raises(ConfigError, match=r"^max_steps: cannot read 'ten' as int$"):
+        parse_args(["--max_steps", "ten"])
+    with pytest.raises(ConfigError, match=r"unknown setting 'model_groups.g.learning_rat'. Did you mean"):
+        parse_args(["--model_groups.g.learning_rat", "1"])
+
+
+# ------------------------------------------------------------------------------------------ resume, diffs
+
+
+def _fake_checkpoint(run_dir, cfg, step=2):
+    ckpt = run_dir / "checkpoints" / f"step-{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.pt").write_bytes(b"")
+    cfg.to_yaml(ckpt / "config.yaml")
+    return ckpt
+
+
+def test_resume_takes_the_runs_saved_config_as_base(tmp_path):
+    saved = TrainConfig(
+        env="math-1agent", max_steps=4, learning_rate=3e-6, output_dir=str(tmp_path), run_name="r1"
+    )
+    _fake_checkpoint(tmp_path / "r1", saved)
+    cfg = parse_args(["--resume", str(tmp_path / "r1"), "--max_steps", "8"])
+    assert (cfg.env, cfg.max_steps, cfg.learning_rate, cfg.run_name) == ("math-1agent", 8, 3e-6, "r1")
+    assert cfg.resume == str(tmp_path / "r1")
+    latest = parse_args(["--resume", "latest", "--output_dir", str(tmp_path)])
+    assert (latest.env, latest.max_steps) == ("math-1agent", 4)
+    with pytest.raises(ConfigError, match="not a checkpoint folder"):
+        parse_args(["--resume", str(tmp_path / "nope")])
+
+
+def test_explicit_overrides_and_config_diff():
+    argv = [
+        "--max_steps",
+        "3",
+        "--agents.verifier.sampling.temperature",
+        "0.6",
+        "--env_kwargs",
+        "max_loops=3",
+    ]
+    assert explicit_overrides(argv) == {
+        "max_steps",
+        "agents.verifier.sampling.temperature",
+        "env_kwargs.max_loops",
+    }
+    a, b = TrainConfig(), parse_args([*argv, "--learning_rate", "3e-6"])
+    diff = config_diff(a, b)
+    assert diff["max_steps"] == (6, 3) and diff["learning_rate"] == (1e-5, 3e-6)
+    assert diff["env_kwargs.max_loops"] == (None, 3)
+    assert diff["agents.verifier.sampling.temperature"] == (None, 0.6)
+    # the new agent section brings its other (default) values along; nothing else differs
+    assert diff["agents.verifier.name"] == (None, "verifier")
+    assert set(diff) - {k for k in diff if k.startswith("agents.verifier.")} == {
+        "max_steps",
+        "learning_rate",
+        "env_kwargs.max_loops",
+    }
+    assert config_diff(a, TrainConfig()) == {}
+
+
+# ---------------------------------------------------------------------------------------------- mas-eval
+
+
+def test_eval_config_parses_the_mas_eval_flags():
+    e = parse_eval_args(
+        ["--checkpoint", "runs/x", "--k", "2", "--num_tasks", "5", "--env_kwargs.max_loops", "3"]
+    )
+    assert (e.checkpoint, e.k, e.num_tasks, e.env_kwargs, e.tasks_per_batch) == (
+        "runs/x",
+        2,
+        5,
+        {"max_loops": 3},
+        8,
+    )
+    assert (e.temperature, e.top_p, e.max_new_tokens, e.initial) == (None, None, None, False)
+    assert parse_eval_args(["--checkpoint", "runs/x", "--initial"]).initial is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--num_tasks", "-1"], r"^num_tasks must be >= 1 or None, got -1$"),
+        (["--tasks_per_batch", "0"], r"^tasks_per_batch must be >= 1, got 0$"),
+        (["--checkpoint", "a", "--model", "b"], "not both"),
+        (["--initial"], "give --checkpoint"),
+        (["--k", "x"], r"k: cannot read 'x' as int"),
+        (["--tempreature", "1"], r"unknown flag --tempreature. Did you mean '--temperature'"),
+    ],
+)
+def test_eval_config_errors(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_eval_args(argv)
+
+
+def test_eval_help_lists_every_field(capsys):
+    from mas_train.config import EvalConfig
+
+    with pytest.raises(SystemExit):
+        parse_eval_args(["--help"])
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(EvalConfig):
+        assert f"--{f.name}" in out and f.metadata["help"], f.name

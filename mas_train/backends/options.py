@@ -1,0 +1,181 @@
+"""Typed options of each generation-backend kind: ``model_groups.<group>.backend_options`` in a run config.
+
+One dataclass per kind; a field's ``help`` metadata is its documentation (``mas-train --help`` and
+``docs/scaling.md`` show it). The config validates a group's ``backend_options`` mapping against the dataclass
+of the group's backend kind when the config is built (unknown option: an error with close matches), and
+:func:`mas_train.backends.make_backend` hands the instance to the backend's factory.
+
+This module imports nothing heavy (no torch, httpx, sglang or openai), so a config can be checked on a machine
+without the backend's packages.
+
+Raises (every ``__post_init__``): ``ValueError`` with the option name and the allowed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["HFOptions", "OpenAIOptions", "SGLangEngineOptions", "SGLangHTTPOptions"]
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class HFOptions:
+    """Options of ``backend: hf`` (:class:`~mas_train.backends.hf.HFBackend`, the CPU default)."""
+
+    share_model: bool = _help(
+        "Sample with the trained model itself instead of a private copy (saves one copy of the weights; a "
+        "forgotten weight sync is then invisible).",
+        default=False,
+    )
+    max_batch_size: int | None = _help(
+        "Most prompts per forward pass (bounds KV-cache memory). None = all at once.", default=None
+    )
+    seed: int = _help("Seeds the per-request seeds of requests that carry none.", default=0)
+    device: str | None = _help(
+        "Device of the private copy (e.g. cuda:1). None = the trained model's device.", default=None
+    )
+    dtype: str | None = _help(
+        "dtype of the private copy: float32, bfloat16 or float16. None = the trained model's dtype.",
+        default=None,
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {self.max_batch_size}")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16, float16 or None, got {self.dtype!r}")
+        if self.share_model and (self.device is not None or self.dtype is not None):
+            raise ValueError("share_model samples with the model as it is: drop device and dtype")
+
+
+def _check_gpus(gpu_ids: list[int] | None, tp_size: int | None, mem: float | None) -> None:
+    if tp_size is not None and tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if gpu_ids and tp_size is not None and len(gpu_ids) != tp_size:
+        raise ValueError(f"gpu_ids {list(gpu_ids)} must list tp_size={tp_size} GPUs")
+    if mem is not None and not 0 < mem < 1:
+        raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem}")
+
+
+@dataclass
+class _SGLangCommon:
+    mem_fraction_static: float | None = _help(
+        "Share of each GPU SGLang reserves for weights + KV cache, in (0, 1). None = SGLang's default.",
+        default=None,
+    )
+    tp_size: int | None = _help("Tensor-parallel size. None = len(gpu_ids), or 1.", default=None)
+    gpu_ids: list[int] | None = _help(
+        "GPU indices of this group's engine, e.g. [0] or [2, 3]; the first is SGLang's base_gpu_id. Leave unset "
+        "under pool: ray (Ray assigns the GPUs).",
+        default=None,
+    )
+    random_seed: int | None = _help("The engine's sampling seed.", default=None)
+    enable_memory_saver: bool = _help(
+        "Release weights and KV cache while the trainer steps (colocated; needs torch_memory_saver).",
+        default=False,
+    )
+
+    @property
+    def resolved_tp_size(self) -> int:
+        """``tp_size``, else ``len(gpu_ids)``, else 1."""
+        return self.tp_size or (len(self.gpu_ids) if self.gpu_ids else 1)
+
+    @property
+    def base_gpu_id(self) -> int:
+        return int(self.gpu_ids[0]) if self.gpu_ids else 0
+
+
+@dataclass
+class SGLangEngineOptions(_SGLangCommon):
+    """Options of ``backend: sglang_engine`` (an in-process ``sglang.Engine`` per model group)."""
+
+    weight_sync: str = _help(
+        "auto | tensor (CUDA IPC, trainer on the same node) | disk (safetensors folder). auto = tensor when the "
+        "engine has it and CUDA is available.",
+        default="auto",
+    )
+    bucket_bytes: int = _help(
+        "Upper bound of one update_weights_from_tensor payload (bytes).", default=512 * 1024**2
+    )
+    engine_kwargs: dict[str, Any] = _help("Further sglang.ServerArgs fields.", default_factory=dict)
+    model_path: str | None = _help(
+        "Folder or hub id the engine serves. None = the model group's model.", default=None
+    )
+
+    def __post_init__(self) -> None:
+        _check_gpus(self.gpu_ids, self.tp_size, self.mem_fraction_static)
+        if self.weight_sync not in ("auto", "tensor", "disk"):
+            raise ValueError(f"weight_sync must be 'auto', 'tensor' or 'disk', got {self.weight_sync!r}")
+        if self.bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {self.bucket_bytes}")
+
+
+@dataclass
+class SGLangHTTPOptions(_SGLangCommon):
+    """Options of ``backend: sglang_http`` (an SGLang server: an existing ``url``, or one launched here)."""
+
+    url: str | None = _help(
+        "An already running server, e.g. http://10.0.0.5:30000. None = launch one on 127.0.0.1:port.",
+        default=None,
+    )
+    port: int = _help("Port of the server launched when no url is given.", default=30000)
+    timeout: float = _help("Seconds one request may take (generation and weight loading).", default=600.0)
+    startup_timeout: float | None = _help(
+        "Seconds to wait for /health. None = 900 when launching, 60 for a given url.", default=None
+    )
+    connect_retries: int = _help(
+        "Attempts to connect when the server cannot be reached (httpx transport retries; a request that "
+        "reached the server is never repeated).",
+        default=5,
+    )
+    weight_dir: str | None = _help(
+        "Folder the server can read (same machine or shared filesystem) for weight updates. None = a temp folder.",
+        default=None,
+    )
+    extra_args: list[str] = _help("Further `sglang.launch_server` flags.", default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_gpus(self.gpu_ids, self.tp_size, self.mem_fraction_static)
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.startup_timeout is not None and self.startup_timeout <= 0:
+            raise ValueError(f"startup_timeout must be > 0 seconds or None, got {self.startup_timeout}")
+        if self.connect_retries < 1:
+            raise ValueError(f"connect_retries must be >= 1, got {self.connect_retries}")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+
+
+@dataclass
+class OpenAIOptions:
+    """Options of ``backend: openai``: an OpenAI-compatible server. It samples only (cannot train): set
+    ``trainable: false`` on the model group."""
+
+    base_url: str = _help("Server base URL, e.g. http://localhost:8000/v1 (required).")
+    model: str = _help("Model name the server knows (required).")
+    api_key_env: str | None = _help(
+        "Environment variable holding the API key. None = send no key.", default="OPENAI_API_KEY"
+    )
+    endpoint: str = _help("chat (/chat/completions) or completions (/completions).", default="chat")
+    timeout_s: float = _help("Seconds one request may take.", default=60.0)
+    max_retries: int = _help("Retries of a failed request (the openai client's own retry).", default=3)
+    max_concurrency: int = _help("Requests in flight at once.", default=8)
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if not self.model:
+            raise ValueError("model must name the model the server serves")
+        if self.endpoint not in ("chat", "completions"):
+            raise ValueError(f"endpoint must be 'chat' or 'completions', got {self.endpoint!r}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")

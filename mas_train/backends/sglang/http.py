@@ -1,0 +1,306 @@
+"""SGLang HTTP-server backend (``python -m sglang.launch_server``); needs only ``httpx`` on this side."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.sglang.wire import (
+    _check,
+    _named_tensor_list,
+    _per_prompt_sampling,
+    _validate_prompts,
+    parse_sglang_outputs,
+    to_sglang_sampling_params,
+    write_hf_checkpoint,
+)
+
+if TYPE_CHECKING:
+    import httpx
+    import torch
+
+
+__all__ = ["SGLangHTTPBackend"]
+
+
+class SGLangHTTPBackend:
+    """Generation through an SGLang HTTP server (``python -m sglang.launch_server``), with only ``httpx`` here.
+
+    Args:
+        url: server base URL, e.g. ``http://127.0.0.1:30000``.
+        tokenizer: the model group's tokenizer; used to cut completions at stop strings defensively.
+        client: an ``httpx.Client`` to use (tests pass a ``fastapi.testclient.TestClient``); default: a new
+            client for ``url``.
+        timeout: seconds to wait for one request (generation and weight loading can take minutes).
+        connect_retries: attempts when the server cannot be reached, done by the client's transport
+            (``httpx.HTTPTransport(retries=connect_retries - 1)``: only connection failures are retried, with
+            httpcore's exponential backoff, so a request that reached the server is never repeated). A client
+            passed in keeps its own transport.
+        weight_dir: folder the server can read (same machine or shared filesystem) where
+            :meth:`update_weights` writes the checkpoint it asks the server to load; default a temp folder.
+        model_config / model_path: config source for that checkpoint (see :func:`write_hf_checkpoint`).
+        memory_saver: the server was started with ``--enable-memory-saver``; otherwise sleep/wake are no-ops.
+        process: a ``subprocess.Popen`` of a server this backend owns; :meth:`close` terminates it.
+
+    Weights are synced through disk (``/update_weights_from_disk``): ``update_weights_from_tensor`` passes
+    CUDA IPC handles, which only work for a server on the same GPU node as the trainer.
+    """
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:30000",
+        *,
+        tokenizer: Any = None,
+        client: httpx.Client | None = None,
+        timeout: float = 600.0,
+        connect_retries: int = 5,
+        weight_dir: str | os.PathLike | None = None,
+        model_config: Any = None,
+        model_path: str | os.PathLike | None = None,
+        memory_saver: bool = False,
+        process: subprocess.Popen | None = None,
+    ) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.timeout = float(timeout)
+        self.connect_retries = max(1, int(connect_retries))
+        self.model_config = model_config
+        self.model_path = None if model_path is None else str(model_path)
+        self.memory_saver = bool(memory_saver)
+        self.weight_version = 0
+        self._owns_client = client is None
+        if client is None:
+            transport = httpx.HTTPTransport(retries=self.connect_retries - 1)
+            client = httpx.Client(base_url=self.url, timeout=self.timeout, transport=transport)
+        self.client = client
+        self._process = process
+        self._tmp_weight_dir: tempfile.TemporaryDirectory | None = None
+        if weight_dir is None:
+            self._tmp_weight_dir = tempfile.TemporaryDirectory(prefix="mas_sglang_http_weights_")
+            weight_dir = self._tmp_weight_dir.name
+        self.weight_dir = Path(weight_dir)
+        self._asleep = False
+        self._closed = False
+
+    # -- server lifecycle --------------------------------------------------------------------------------
+
+    @classmethod
+    def launch(
+        cls,
+        model_path: str | os.PathLike,
+        *,
+        port: int = 30000,
+        host: str = "127.0.0.1",
+        mem_fraction_static: float | None = None,
+        tp_size: int = 1,
+        base_gpu_id: int = 0,
+        random_seed: int | None = None,
+        memory_saver: bool = False,
+        extra_args: Sequence[str] = (),
+        server_module: str = "sglang.launch_server",
+        startup_timeout: float = 900.0,
+        env: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> SGLangHTTPBackend:
+        """Start ``python -m sglang.launch_server`` on ``host:port``, wait for ``/health``, return a backend
+        that owns (and on :meth:`close` terminates) the server process.
+
+        Raises:
+            TimeoutError: the server did not answer ``/health`` within ``startup_timeout`` seconds.
+            RuntimeError: the server process exited during start-up (its exit code is in the message).
+        """
+        cmd = [sys.executable, "-m", server_module, "--model-path", str(model_path)]
+        cmd += ["--host", host, "--port", str(port), "--tp-size", str(tp_size)]
+        cmd += ["--base-gpu-id", str(base_gpu_id)]
+        if mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(mem_fraction_static)]
+        if random_seed is not None:
+            cmd += ["--random-seed", str(random_seed)]
+        if memory_saver:
+            cmd += ["--enable-memory-saver"]
+        cmd += list(extra_args)
+        proc_env = {**os.environ, **(env or {})}
+        proc = subprocess.Popen(cmd, env=proc_env)  # noqa: S603 - the command is built from typed arguments
+        backend = cls(
+            f"http://{host}:{port}",
+            memory_saver=memory_saver,
+            model_path=model_path,
+            process=proc,
+            **kwargs,
+        )
+        try:
+            backend.wait_until_healthy(startup_timeout)
+        except BaseException:
+            backend.close()
+            raise
+        return backend
+
+    def wait_until_healthy(self, timeout: float = 300.0, poll: float = 0.5) -> None:
+        """Poll ``GET /health`` until it answers 200.
+
+        A readiness wait, not a connect retry: a server loading its weights answers nothing for minutes, and an
+        owned server process that dies must end the wait at once, which httpx's transport retries cannot do.
+
+        Raises:
+            TimeoutError: no healthy answer within ``timeout`` seconds.
+            RuntimeError: the owned server process exited meanwhile.
+        """
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(
+                    f"SGLang server process exited with code {self._process.returncode} during start-up; "
+                    "see its log above"
+                )
+            try:
+                r = self.client.get("/health")
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}"
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+            time.sleep(poll)
+        raise TimeoutError(f"SGLang server at {self.url} not healthy after {timeout:.0f}s (last: {last})")
+
+    # -- HTTP plumbing -----------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, payload: Any = None) -> httpx.Response:
+        import httpx
+
+        try:
+            # the timeout and the connect retries live on the client (set up in __init__)
+            return self.client.request(method, path, json=payload)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise ConnectionError(
+                f"cannot reach the SGLang server at {self.url}{path} after {self.connect_retries} attempts "
+                f"({type(e).__name__}: {e}); is `python -m sglang.launch_server --port ...` running?"
+            ) from e
+        except httpx.TimeoutException as e:
+            raise TimeoutError(
+                f"SGLang {method} {self.url}{path} did not answer within {self.timeout:.0f}s; raise "
+                "backend_options.timeout for long generations"
+            ) from e
+
+    def _post_ok(self, path: str, payload: Any, what: str) -> httpx.Response:
+        r = self._request("POST", path, payload)
+        if r.status_code >= 400:
+            raise RuntimeError(f"SGLang {what} failed: HTTP {r.status_code} from {path}: {r.text[:2000]}")
+        try:
+            body = r.json() if r.content else None
+        except ValueError:
+            body = None
+        _check(body, what)
+        return r
+
+    # -- GenerationBackend -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+    ) -> list[GenerationOutput]:
+        """Sample one completion per prompt with one batched ``POST /generate``.
+
+        Raises:
+            RuntimeError: HTTP error status, a malformed or aborted answer, or the backend is asleep/closed.
+            ConnectionError / TimeoutError: the server cannot be reached / did not answer in time.
+        """
+        self._check_usable()
+        prompts = _validate_prompts(prompt_ids)
+        samplings = _per_prompt_sampling(prompts, sampling)
+        if not prompts:
+            return []
+        version = self.weight_version
+        payload = {
+            "input_ids": prompts,
+            "sampling_params": [to_sglang_sampling_params(s) for s in samplings],
+            "return_logprob": True,
+        }
+        r = self._request("POST", "/generate", payload)
+        if r.status_code >= 400:
+            raise RuntimeError(f"SGLang /generate failed: HTTP {r.status_code}: {r.text[:2000]}")
+        outs = r.json()
+        if isinstance(outs, Mapping):
+            if "error" in outs:
+                raise RuntimeError(f"SGLang /generate error: {outs['error']}")
+        return parse_sglang_outputs(outs, samplings, weight_version=version, tokenizer=self.tokenizer)
+
+    def update_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> int:
+        """Write the weights to ``weight_dir/v<N>``, ``POST /update_weights_from_disk``, ``POST /flush_cache``.
+
+        Returns:
+            The new ``weight_version``.
+
+        Raises:
+            RuntimeError: the server answered ``success: false`` or an error status (message included).
+        """
+        self._check_usable()
+        items = _named_tensor_list(named_tensors)
+        target = self.weight_dir / f"v{self.weight_version + 1}"
+        write_hf_checkpoint(items, target, model_config=self.model_config, source_dir=self.model_path)
+        try:
+            self._post_ok(
+                "/update_weights_from_disk", {"model_path": str(target)}, "update_weights_from_disk"
+            )
+            r = self._request("POST", "/flush_cache")
+            if r.status_code >= 400:
+                raise RuntimeError(f"SGLang flush_cache failed: HTTP {r.status_code}: {r.text[:500]}")
+        finally:
+            # the previous checkpoint is no longer needed once the server loaded (or refused) this one
+            previous = self.weight_dir / f"v{self.weight_version}"
+            if previous.is_dir():
+                shutil.rmtree(previous, ignore_errors=True)
+        self.weight_version += 1
+        return self.weight_version
+
+    def sleep(self) -> None:
+        """``POST /release_memory_occupation`` (needs ``--enable-memory-saver``; otherwise a no-op)."""
+        if self._closed or self._asleep or not self.memory_saver:
+            return
+        self._post_ok("/release_memory_occupation", {}, "release_memory_occupation")
+        self._asleep = True
+
+    def wake(self) -> None:
+        """``POST /resume_memory_occupation``."""
+        if self._closed or not self._asleep:
+            return
+        self._post_ok("/resume_memory_occupation", {}, "resume_memory_occupation")
+        self._asleep = False
+
+    def close(self) -> None:
+        """Close the HTTP client (if created here), stop an owned server process, drop temp files. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            self.client.close()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=30)
+        if self._tmp_weight_dir is not None:
+            self._tmp_weight_dir.cleanup()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("this SGLang backend is closed")
+        if self._asleep:
+            raise RuntimeError("this SGLang backend is asleep (memory released); call wake() first")

@@ -1,0 +1,111 @@
+"""Shared pieces of the run configuration: the error type, the option lists (each defined once), the defaults
+of a plain run, and small validation helpers. Imports nothing heavy."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from dataclasses import field
+from typing import Any
+
+from mas_train.advantages import MODES as ADVANTAGE_MODES
+from mas_train.advantages import SCOPES as ADVANTAGE_SCOPES
+from mas_train.backends import BACKEND_KINDS
+
+__all__ = [
+    "ADVANTAGE_MODES",
+    "ADVANTAGE_SCOPES",
+    "BACKENDS",
+    "DTYPES",
+    "OPTIM_FIELDS",
+    "POOLS",
+    "REPORT_TO",
+    "SHARING_MODES",
+    "ConfigError",
+]
+
+# ----------------------------------------------------------------------------------------------------------------
+# Defaults of a plain `mas-train --env math-2agent` run: sized so that SmolLM2-135M-Instruct on a 2-core CPU
+# finishes its default budget in about 10-15 minutes. Tune the run here, in one place. Measured costs and the
+# reasoning behind these numbers: docs/training.md ("CPU defaults and budget").
+# ----------------------------------------------------------------------------------------------------------------
+DEFAULT_ENV = "math-2agent"
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL_SHARING = "shared"
+DEFAULT_NUM_GENERATIONS = 4  # G: trajectories per task
+DEFAULT_TASKS_PER_STEP = 1  # tasks per training step -> TASKS_PER_STEP * G trajectories
+DEFAULT_MAX_STEPS = 6
+DEFAULT_MAX_NEW_TOKENS = 128  # per agent turn
+DEFAULT_MAX_PROMPT_LENGTH = 1024
+# The 4-bit SmolLM2-135M default writes gibberish at 1.0 (never a valid action, so no learning signal);
+# 0.7 keeps it coherent. The reference trains 4B+ models at 1.0: set sampling.temperature for those.
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_LEARNING_RATE = 1e-5
+DEFAULT_MICRO_BATCH_SIZE = 4  # samples per forward/backward of the update
+DEFAULT_SAVE_STEPS = 3
+DEFAULT_SAVE_TOTAL_LIMIT: int | None = 2
+DEFAULT_EVAL_STEPS = 6
+DEFAULT_EVAL_K = 4
+DEFAULT_EVAL_NUM_TASKS: int | None = 2
+DEFAULT_EVAL_TEMPERATURE = 0.6  # the reference's validation sampling (temperature 0.6, top_p 0.95)
+DEFAULT_EVAL_TOP_P = 0.95
+DEFAULT_EVAL_TASKS_PER_BATCH = 8
+# ----------------------------------------------------------------------------------------------------------------
+
+#: Generation backends: the kinds of the backend registry (:mod:`mas_train.backends`).
+BACKENDS = BACKEND_KINDS
+POOLS = ("local", "ray")
+REPORT_TO = ("tensorboard", "jsonl", "wandb", "none")
+#: shared: agents with the same model share one group; per_agent: one group each; shared_lora: one group each,
+#: all adapters (LoRA) on one shared base model.
+SHARING_MODES = ("shared", "per_agent", "shared_lora")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+#: Optimisation settings: set at top level, per model group, or per agent (agents sharing a group must agree).
+#: The names are those of transformers' ``TrainingArguments`` / TRL's ``GRPOConfig``.
+OPTIM_FIELDS = ("learning_rate", "weight_decay", "max_grad_norm", "warmup_steps", "lr_scheduler_type")
+
+GROUP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+class ConfigError(ValueError):
+    """A configuration is invalid; the message says which setting and what to do."""
+
+
+def help_field(text: str, **kw: Any) -> Any:
+    """A dataclass field whose ``help`` metadata is its documentation (CLI ``--help`` and docs)."""
+    return field(metadata={"help": text}, **kw)
+
+
+def close_matches(name: str, options: Sequence[str]) -> str:
+    """`` Did you mean 'x'?`` for the nearest of ``options``, or ``""``."""
+    matches = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
+    return f" Did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
+
+
+def check_choice(where: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"{where} must be one of {list(choices)}, got {value!r}.{close_matches(str(value), choices)}"
+        )
+
+
+def check_optim(where: str, obj: Any) -> None:
+    lr, wd, gn, wu = obj.learning_rate, obj.weight_decay, obj.max_grad_norm, obj.warmup_steps
+    if lr is not None and lr < 0:
+        raise ConfigError(f"{where}: learning_rate must be >= 0, got {lr}")
+    if wd is not None and wd < 0:
+        raise ConfigError(f"{where}: weight_decay must be >= 0, got {wd}")
+    if gn is not None and gn <= 0:
+        raise ConfigError(f"{where}: max_grad_norm must be > 0, got {gn}")
+    if wu is not None and (wu < 0 or (wu >= 1 and wu != int(wu))):
+        raise ConfigError(f"{where}: warmup_steps must be an integer >= 0 or a ratio in [0, 1), got {wu}")
+
+
+def check_min(where: str, value: Any, minimum: int, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if value is None or value < minimum:
+        tail = " or None" if none_ok else ""
+        raise ConfigError(f"{where} must be >= {minimum}{tail}, got {value}")

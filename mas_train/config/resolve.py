@@ -1,0 +1,292 @@
+"""Resolution: the env's agents mapped to model groups, every setting made concrete (:class:`ResolvedConfig`).
+
+A setting is looked up agent -> model group -> top level; agents that share a model group must agree on every
+optimisation setting and on ``trainable`` (one group has one optimizer and is trained as a whole), as in
+Dr. MAS (``build_wg_ids`` asserts equal configs for agents sharing a model). Every check here runs before any
+model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mas_train.backends import backend_kind
+from mas_train.backends.base import SamplingParams
+from mas_train.config.common import GROUP_NAME_RE, OPTIM_FIELDS, ConfigError, close_matches
+from mas_train.config.omega import build
+from mas_train.config.sections import AgentConfig, LoraConfig, ModelGroupConfig, SamplingConfig
+
+__all__ = ["ResolvedAgent", "ResolvedConfig", "ResolvedModelGroup", "backend_options", "resolve"]
+
+
+@dataclass(frozen=True)
+class ResolvedAgent:
+    """One agent with concrete settings."""
+
+    name: str
+    model_group: str
+    sampling: SamplingConfig
+    eval_sampling: SamplingConfig
+
+    def sampling_params(
+        self, stop: Sequence[str] = (), *, eval: bool = False, seed: int | None = None
+    ) -> SamplingParams:
+        """Backend request for one turn of this agent (``stop``: the env's stop strings for it)."""
+        return (self.eval_sampling if eval else self.sampling).to_params(stop, seed)
+
+
+@dataclass(frozen=True)
+class ResolvedModelGroup:
+    """One model group with concrete settings; ``agents`` are the agents it trains, in env order.
+
+    Attributes:
+        backend_options: an instance of the backend kind's options class (:mod:`mas_train.backends.options`).
+        trainable: whether the group's weights are updated (``False``: it only samples).
+        lora: the adapter to train, or ``None`` for full fine-tuning.
+        base_group: with ``model_sharing: shared_lora``, the name of the group that holds the base model every
+            adapter of the run sits on (the first group in env order; that group's ``base_group`` is its own
+            name): groups with the same ``base_group`` share one copy of the base weights, each with its own
+            adapter. ``None``: the group owns its weights.
+        micro_batch_size: samples per forward/backward of the group's update.
+    """
+
+    name: str
+    model: str
+    agents: tuple[str, ...]
+    backend: str
+    backend_options: Any
+    dtype: str
+    learning_rate: float
+    weight_decay: float
+    max_grad_norm: float
+    warmup_steps: float
+    lr_scheduler_type: str
+    grpo: dict[str, Any]
+    num_cpus: float
+    num_gpus: float
+    micro_batch_size: int = 4
+    trainable: bool = True
+    lora: LoraConfig | None = None
+    base_group: str | None = None
+
+    @property
+    def backend_kwargs(self) -> dict[str, Any]:
+        """Deprecated view of :attr:`backend_options`: the options that differ from their defaults."""
+        default = type(self.backend_options)
+        out = {}
+        for f in dataclasses.fields(default):
+            value = getattr(self.backend_options, f.name)
+            if f.default is not dataclasses.MISSING:
+                base = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                base = f.default_factory()
+            else:
+                base = dataclasses.MISSING
+            if value != base:
+                out[f.name] = value
+        return out
+
+    def grpo_config_kwargs(self) -> dict[str, Any]:
+        """This group's optimisation settings plus its ``grpo`` passthrough, as ``GRPOConfig`` keyword arguments.
+
+        The caller adds run-level keys (output_dir, num_generations, max_steps, seed, use_cpu, bf16, ...).
+        """
+        return {**{f: getattr(self, f) for f in OPTIM_FIELDS}, **self.grpo}
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The run's config with the env's agents mapped to model groups (from ``TrainConfig.resolve``)."""
+
+    config: Any
+    agents: dict[str, ResolvedAgent]
+    model_groups: dict[str, ResolvedModelGroup]
+    run_name: str
+
+    @property
+    def agent_to_group(self) -> dict[str, str]:
+        return {a.name: a.model_group for a in self.agents.values()}
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.output_dir) / self.run_name
+
+
+def backend_options(kind: str, options: Mapping[str, Any], where: str) -> Any:
+    """``options`` validated against ``kind``'s options dataclass (types coerced by OmegaConf).
+
+    Raises:
+        ConfigError: unknown kind or option (with close matches), a wrong type, a missing required option, or
+            an invalid value; the message names ``where``.
+    """
+    try:
+        cls = backend_kind(kind).options
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return build(cls, [options], where=where)
+
+
+def _group_names_for_models(models: list[str]) -> dict[str, str]:
+    if len(models) == 1:
+        return {models[0]: "shared"}
+    names: dict[str, str] = {}
+    for m in models:
+        base = re.sub(r"[^A-Za-z0-9_.\-]+", "-", Path(m.rstrip("/")).name or m).strip("-.") or "model"
+        name, i = base, 2
+        while name in names.values():
+            name, i = f"{base}-{i}", i + 1
+        names[m] = name
+    return names
+
+
+def _agent_to_group(cfg: Any, agent_names: list[str], agent_cfg: dict[str, AgentConfig]) -> dict[str, str]:
+    env_agents = ", ".join(agent_names)
+    mapping: dict[str, str] = {}
+    if isinstance(cfg.model_sharing, Mapping):
+        for a in agent_names:
+            group = agent_cfg[a].model_group or cfg.model_sharing.get(a)
+            if group is None:
+                raise ConfigError(
+                    f"model_sharing maps some agents but not {a!r}; map every agent of {cfg.env!r} ({env_agents}) "
+                    f"or set agents.{a}.model_group"
+                )
+            mapping[a] = group
+    elif cfg.model_sharing in ("per_agent", "shared_lora"):
+        mapping = {a: agent_cfg[a].model_group or a for a in agent_names}
+    else:  # shared: one group per distinct model, as Dr. MAS groups shared agents by model id
+        by_model: dict[str, list[str]] = {}
+        for a in agent_names:
+            if agent_cfg[a].model_group is None:
+                by_model.setdefault(agent_cfg[a].model or cfg.model, []).append(a)
+        names = _group_names_for_models(list(by_model))
+        for model, agents in by_model.items():
+            for a in agents:
+                mapping[a] = names[model]
+        for a in agent_names:
+            if agent_cfg[a].model_group is not None:
+                mapping[a] = agent_cfg[a].model_group  # type: ignore[assignment]
+    for a, group in mapping.items():
+        if not GROUP_NAME_RE.match(group):
+            raise ConfigError(f"agent {a!r} maps to group {group!r}: use letters, digits, '_', '.', '-' only")
+    return mapping
+
+
+def _agreed(g: str, members: tuple[str, ...], field: str, values: dict[str, Any], fix: str) -> Any:
+    if len(set(values.values())) > 1:
+        shown = ", ".join(f"{a}={v!r}" for a, v in values.items())
+        raise ConfigError(
+            f"agents {list(members)} share model group {g!r} but disagree on {field}: {shown}. {fix}"
+        )
+    return next(iter(values.values()))
+
+
+def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
+    """See ``TrainConfig.resolve``."""
+    if not agent_names:
+        raise ConfigError(f"env {cfg.env!r} reported no agents")
+    env_agents = ", ".join(agent_names)
+    for where, names in (("agents", cfg.agents), ("model_sharing", cfg.model_sharing)):
+        if isinstance(names, Mapping):
+            for name in names:
+                if name not in agent_names:
+                    raise ConfigError(
+                        f"{where}.{name}: env {cfg.env!r} has no agent {name!r}; its agents are: {env_agents}."
+                        f"{close_matches(name, agent_names)}"
+                    )
+    agent_cfg = {a: cfg.agents.get(a) or AgentConfig(name=a) for a in agent_names}
+    mapping = _agent_to_group(cfg, agent_names, agent_cfg)
+    groups_in_order = list(dict.fromkeys(mapping[a] for a in agent_names))
+    unused = [g for g in cfg.model_groups if g not in groups_in_order]
+    if unused:
+        raise ConfigError(
+            f"model_groups has settings for {unused} but no agent maps to them; the groups are: "
+            f"{', '.join(groups_in_order)} (agent -> group: {mapping})"
+        )
+    shared_lora = cfg.model_sharing == "shared_lora"
+
+    groups: dict[str, ResolvedModelGroup] = {}
+    for g in groups_in_order:
+        members = tuple(a for a in agent_names if mapping[a] == g)
+        gcfg = cfg.model_groups.get(g) or ModelGroupConfig(name=g)
+        models = {a: agent_cfg[a].model for a in members if agent_cfg[a].model is not None}
+        if gcfg.model is not None:
+            models = {f"model_groups.{g}": gcfg.model, **models}
+        if len(set(models.values())) > 1:
+            raise ConfigError(
+                f"model group {g!r} is one set of weights but its settings name different models: {models}. "
+                "Give the agents their own groups (model_sharing: per_agent) or use one model."
+            )
+        model = next(iter(models.values()), cfg.model)
+        fix = (
+            f"One model group has one optimizer: set model_groups.{g}.<setting> instead, or give the agents "
+            "separate groups (model_sharing: per_agent)."
+        )
+        optim = {}
+        for f in OPTIM_FIELDS:
+            base = getattr(gcfg, f) if getattr(gcfg, f) is not None else getattr(cfg, f)
+            values = {
+                a: getattr(agent_cfg[a], f) if getattr(agent_cfg[a], f) is not None else base for a in members
+            }
+            optim[f] = _agreed(g, members, f, values, fix.replace("<setting>", f))
+        group_trainable = gcfg.trainable if gcfg.trainable is not None else cfg.trainable
+        trainable = _agreed(
+            g,
+            members,
+            "trainable",
+            {
+                a: agent_cfg[a].trainable if agent_cfg[a].trainable is not None else group_trainable
+                for a in members
+            },
+            f"A model group is trained as a whole: set model_groups.{g}.trainable, or give the frozen agents "
+            "their own group (model_sharing: per_agent).",
+        )
+        kind = gcfg.backend or cfg.backend
+        where = f"model_groups.{g}.backend_options"
+        options = backend_options(
+            kind, {**(cfg.backend_options if kind == cfg.backend else {}), **gcfg.backend_options}, where
+        )
+        if trainable and not backend_kind(kind).can_train:
+            raise ConfigError(
+                f"model group {g!r} uses backend {kind!r}, which only samples (its weights cannot be updated): set "
+                f"model_groups.{g}.trainable: false (or agents.<agent>.trainable: false for its agents)"
+            )
+        groups[g] = ResolvedModelGroup(
+            name=g,
+            model=model,
+            agents=members,
+            backend=kind,
+            backend_options=options,
+            dtype=gcfg.dtype or cfg.dtype,
+            grpo={**cfg.grpo, **gcfg.grpo},
+            num_cpus=gcfg.num_cpus,
+            num_gpus=gcfg.num_gpus,
+            micro_batch_size=gcfg.micro_batch_size or cfg.micro_batch_size,
+            trainable=trainable,
+            lora=gcfg.lora if gcfg.lora is not None else (LoraConfig() if shared_lora else None),
+            base_group=groups_in_order[0] if shared_lora else None,
+            **optim,
+        )
+    if shared_lora:
+        distinct = {g.name: g.model for g in groups.values()}
+        if len(set(distinct.values())) > 1:
+            raise ConfigError(
+                f"model_sharing: shared_lora puts every agent's adapter on one base model, but the groups name "
+                f"different models: {distinct}. Use one model, or model_sharing: per_agent."
+            )
+    agents = {
+        a: ResolvedAgent(
+            name=a,
+            model_group=mapping[a],
+            sampling=agent_cfg[a].sampling or cfg.sampling,
+            eval_sampling=cfg.eval_sampling,
+        )
+        for a in agent_names
+    }
+    return ResolvedConfig(
+        config=cfg, agents=agents, model_groups=groups, run_name=cfg.run_name or cfg.default_run_name()
+    )

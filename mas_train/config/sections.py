@@ -1,0 +1,198 @@
+"""The per-agent and per-model-group sections of a run config, and the sampling and LoRA settings they hold.
+
+Fields left ``None`` inherit: agent -> model group -> top level (:class:`~mas_train.config.TrainConfig`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mas_train.backends.base import SamplingParams
+from mas_train.config.common import (
+    BACKENDS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DTYPES,
+    GROUP_NAME_RE,
+    ConfigError,
+    check_choice,
+    check_min,
+    check_optim,
+)
+from mas_train.config.common import help_field as _help
+from mas_train.config.grpo import check_grpo
+
+__all__ = ["AgentConfig", "LoraConfig", "ModelGroupConfig", "SamplingConfig"]
+
+
+@dataclass
+class SamplingConfig:
+    """How an agent samples its turns (one :class:`~mas_train.backends.base.SamplingParams` per turn)."""
+
+    temperature: float = _help(
+        "Softmax temperature for sampling; 0 = greedy. Training logprobs use the same temperature.",
+        default=DEFAULT_TEMPERATURE,
+    )
+    top_p: float = _help("Nucleus sampling mass in (0, 1]; 1 disables it.", default=1.0)
+    top_k: int = _help("Keep only the k most likely tokens; 0 disables it.", default=0)
+    max_new_tokens: int = _help(
+        "Maximum tokens generated per agent turn (TRL: max_completion_length).",
+        default=DEFAULT_MAX_NEW_TOKENS,
+    )
+
+    def __post_init__(self) -> None:
+        try:
+            self.to_params()
+        except ValueError as err:
+            raise ConfigError(f"sampling: {err}") from None
+        if self.top_k < -1:
+            raise ConfigError(f"sampling.top_k must be >= 0 (or -1 = off), got {self.top_k}")
+
+    def to_params(self, stop: Sequence[str] = (), seed: int | None = None) -> SamplingParams:
+        """The backend request for one turn; ``stop`` are the env's stop strings for this agent."""
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            stop=tuple(stop),
+            seed=seed,
+        )
+
+
+@dataclass
+class LoraConfig:
+    """A LoRA adapter (PEFT's ``LoraConfig`` names): ``W + (alpha / r) * B A`` on each target module."""
+
+    r: int = _help("Adapter rank.", default=16)
+    alpha: int = _help("Scaling numerator: the update is scaled by alpha / r (PEFT: lora_alpha).", default=32)
+    dropout: float = _help("Dropout on the adapter input, in [0, 1) (PEFT: lora_dropout).", default=0.0)
+    target_modules: list[str] = _help(
+        "Module names that get an adapter (PEFT: target_modules).",
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+    )
+
+    def __post_init__(self) -> None:
+        if self.r < 1 or self.alpha < 1:
+            raise ConfigError(f"lora: r and alpha must be >= 1, got r={self.r}, alpha={self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ConfigError("lora.target_modules must name at least one module (e.g. q_proj)")
+
+
+@dataclass
+class ModelGroupConfig:
+    """Settings of one model group: one set of trained weights, its optimizer and its generation backend.
+
+    Fields left ``None`` inherit the top-level value of the same name in :class:`TrainConfig`.
+    """
+
+    name: str = _help("Group name (filled in from its key under model_groups).", default="")
+    model: str | None = _help(
+        "Hub id, local path, or builtin alias (smollm2-135m-instruct, tiny-qwen3). None = the top-level model.",
+        default=None,
+    )
+    trainable: bool | None = _help(
+        "Train this group's weights (false: it only samples). None = the top-level trainable.", default=None
+    )
+    backend: str | None = _help(
+        f"Generation backend, one of {list(BACKENDS)}. None = top level.", default=None
+    )
+    backend_options: dict[str, Any] = _help(
+        "Options of this group's backend kind (mas_train.backends.options: HFOptions, SGLangEngineOptions, "
+        "SGLangHTTPOptions, OpenAIOptions), merged over the top-level backend_options when the kinds match.",
+        default_factory=dict,
+    )
+    backend_kwargs: dict[str, Any] = _help(
+        "Deprecated spelling of backend_options (read with a DeprecationWarning).", default_factory=dict
+    )
+    dtype: str | None = _help(f"Weights dtype, one of {list(DTYPES)}. None = top level.", default=None)
+    lora: LoraConfig | None = _help(
+        "Train a LoRA adapter instead of all weights. None = full fine-tuning (model_sharing shared_lora: a "
+        "default adapter).",
+        default=None,
+    )
+    micro_batch_size: int | None = _help(
+        "Samples per forward/backward of this group's update. None = top level.", default=None
+    )
+    learning_rate: float | None = _help("Peak learning rate. None = top level.", default=None)
+    weight_decay: float | None = _help("AdamW weight decay. None = top level.", default=None)
+    max_grad_norm: float | None = _help("Gradient clipping norm. None = top level.", default=None)
+    warmup_steps: float | None = _help(
+        "Warmup steps (int) or ratio of max_steps (< 1). None = top level.", default=None
+    )
+    lr_scheduler_type: str | None = _help("transformers scheduler name. None = top level.", default=None)
+    grpo: dict[str, Any] = _help(
+        "Extra TRL GRPOConfig settings for this group (loss_type, epsilon, epsilon_high, beta, num_iterations, "
+        "...), merged over the top-level grpo.",
+        default_factory=dict,
+    )
+    num_cpus: float = _help("CPUs reserved for this group's worker (pool: ray).", default=1.0)
+    num_gpus: float = _help(
+        "GPUs (fractions allowed) reserved for this group's worker (pool: ray).", default=0.0
+    )
+
+    def __post_init__(self) -> None:
+        where = f"model_groups.{self.name}" if self.name else "model_groups.<group>"
+        if self.name and not GROUP_NAME_RE.match(self.name):
+            raise ConfigError(f"{where}: a group name may use letters, digits, '_', '.', '-' only")
+        if self.backend_kwargs:
+            warnings.warn(
+                f"{where}.backend_kwargs is deprecated: rename it to {where}.backend_options",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            self.backend_options = {**self.backend_kwargs, **self.backend_options}
+            self.backend_kwargs = {}
+        if self.backend is not None:
+            check_choice(f"{where}.backend", self.backend, BACKENDS)
+        if self.dtype is not None:
+            check_choice(f"{where}.dtype", self.dtype, DTYPES)
+        check_min(f"{where}.micro_batch_size", self.micro_batch_size, 1, none_ok=True)
+        check_optim(where, self)
+        check_grpo(f"{where}.grpo", self.grpo)
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(f"{where}: num_cpus and num_gpus must be >= 0")
+
+
+@dataclass
+class AgentConfig:
+    """Per-agent settings. Optimisation fields left ``None`` inherit from the agent's model group."""
+
+    name: str = _help("Agent name as the env calls it (filled in from its key under agents).", default="")
+    model_group: str | None = _help(
+        "Model group this agent trains and samples with; overrides model_sharing for this agent.",
+        default=None,
+    )
+    model: str | None = _help(
+        "Model for this agent's group (same forms as model). Agents in one group must not disagree.",
+        default=None,
+    )
+    trainable: bool | None = _help(
+        "Train on this agent's turns. A model group is trained as a whole: its agents must agree. None = the "
+        "group's (then the top-level) trainable.",
+        default=None,
+    )
+    sampling: SamplingConfig | None = _help(
+        "Sampling for this agent's turns; keys not given inherit the top-level sampling.", default=None
+    )
+    learning_rate: float | None = _help(
+        "Learning rate override (must agree within a model group).", default=None
+    )
+    weight_decay: float | None = _help(
+        "Weight decay override (must agree within a model group).", default=None
+    )
+    max_grad_norm: float | None = _help(
+        "Gradient clipping override (must agree within a model group).", default=None
+    )
+    warmup_steps: float | None = _help("Warmup override (must agree within a model group).", default=None)
+    lr_scheduler_type: str | None = _help(
+        "Scheduler override (must agree within a model group).", default=None
+    )
+
+    def __post_init__(self) -> None:
+        check_optim(f"agents.{self.name or '<agent>'}", self)
