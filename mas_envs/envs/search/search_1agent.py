@@ -39,7 +39,7 @@ from .common import (
     parse_action,
     score_answer,
 )
-from .data import bundled_hotpotqa
+from .data import bundled_hotpotqa, bundled_hotpotqa_path
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchOneAgentEnv", "env", "raw_env"]
@@ -73,6 +73,7 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         AGENT: ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "Paris")
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
+    default_eval_tasks: ClassVar[str] = bundled_hotpotqa_path("dev")  # disjoint from the default tasks
 
     def __init__(
         self,

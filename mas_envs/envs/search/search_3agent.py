@@ -63,7 +63,7 @@ from .common import (
     parse_action,
     score_answer,
 )
-from .data import bundled_hotpotqa
+from .data import bundled_hotpotqa, bundled_hotpotqa_path
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
@@ -125,6 +125,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         ANSWERER: ("<think>", "</think>", "<answer>", "</answer>", "<search>", "yes"),
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
+    default_eval_tasks: ClassVar[str] = bundled_hotpotqa_path("dev")  # disjoint from the default tasks
 
     def __init__(
         self,
