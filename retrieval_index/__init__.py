@@ -24,6 +24,7 @@ __all__ = [
     "RetrieverUnavailableError",
     "Retriever",
     "build_index",
+    "check_health",
     "default_retriever",
     "load_encoder",
 ]
@@ -37,6 +38,7 @@ _LAZY = {
     "load_encoder": ".encoder",
     "RemoteRetriever": ".client",
     "RetrieverUnavailableError": ".client",
+    "check_health": ".client",
     "default_retriever": ".bundled",
 }
 

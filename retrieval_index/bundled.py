@@ -2,8 +2,10 @@
 
 Files (``mas_envs/data/hotpotqa/``, shipped as package data of ``mas_envs``; CC BY-SA 4.0, see ``NOTICE.md``)::
 
-    questions.jsonl    150 HotpotQA dev (distractor) questions: id, question, golden_answers, data_source,
-                       type, level, supporting_titles, supporting_ids (corpus ids of the gold paragraphs)
+    hotpotqa_train.jsonl  the first 100 of 150 HotpotQA dev (distractor) questions: id, question,
+                       golden_answers, data_source, type, level, supporting_titles, supporting_ids (corpus ids
+                       of the gold paragraphs); the search envs' default training tasks
+    hotpotqa_dev.jsonl the other 50, same fields: the search envs' default evaluation tasks
     corpus.jsonl       the 10 context paragraphs of each question (2 gold + 8 distractors), deduplicated:
                        id, title, text, contents
     embeddings/        the corpus embedded with the default encoder, in the embedding-cache layout
@@ -30,6 +32,7 @@ __all__ = [
 ]
 
 NUM_QUESTIONS = 150
+NUM_TRAIN = 100  # the first 100 questions train, the rest evaluate (disjoint by construction)
 
 
 def bundled_dir() -> Path:
@@ -41,8 +44,11 @@ def bundled_corpus_path() -> Path:
     return bundled_dir() / "corpus.jsonl"
 
 
-def bundled_questions_path() -> Path:
-    return bundled_dir() / "questions.jsonl"
+def bundled_questions_path(split: str = "train") -> Path:
+    """``hotpotqa_<split>.jsonl`` for ``split`` in ``("train", "dev")``."""
+    from mas_envs.envs.search.data import bundled_hotpotqa_path
+
+    return Path(bundled_hotpotqa_path(split))
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,7 +114,8 @@ def make_hotpotqa_bundle(
     num_questions: int = NUM_QUESTIONS,
     batch_size: int = 64,
 ) -> dict:
-    """Write ``questions.jsonl``, ``corpus.jsonl`` and ``embeddings/`` into ``out_dir``.
+    """Write ``hotpotqa_train.jsonl`` (the first :data:`NUM_TRAIN` questions), ``hotpotqa_dev.jsonl`` (the
+    rest), ``corpus.jsonl`` and ``embeddings/`` into ``out_dir``.
 
     Args:
         questions_src: HotpotQA distractor-setting JSONL (``shared/data/hotpotqa/dev_distractor_ctx1100.jsonl``).
@@ -126,7 +133,12 @@ def make_hotpotqa_bundle(
 
     questions, corpus = _select(Path(questions_src), Path(corpus_src), num_questions)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("questions.jsonl", questions), ("corpus.jsonl", corpus)):
+    files = (
+        ("hotpotqa_train.jsonl", questions[:NUM_TRAIN]),
+        ("hotpotqa_dev.jsonl", questions[NUM_TRAIN:]),
+        ("corpus.jsonl", corpus),
+    )
+    for name, rows in files:
         with open(out_dir / name, "w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from mas_envs.envs.search.retriever import Passage
 
-__all__ = ["RemoteRetriever", "RetrieverUnavailableError"]
+__all__ = ["RemoteRetriever", "RetrieverUnavailableError", "check_health"]
 
 
 class RetrieverUnavailableError(RuntimeError):
@@ -125,6 +125,64 @@ class RemoteRetriever:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _base(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/retrieve")] if url.endswith("/retrieve") else url
+
+
+def check_health(retriever: object, timeout: float = 5.0) -> str | None:
+    """Probe the retrieval server(s) a search env will use; a warning message if any is down, else ``None``.
+
+    Meant for start-up (the trainer calls it before the first rollout): the server may still be loading
+    its index and come up later, so the caller warns rather than fails, and searches that fail meanwhile
+    become ``Search error`` observations counted as ``retrieval_errors``.
+
+    Args:
+        retriever: the env's ``retriever`` argument. Only a URL (``http(s)://``) or a list of URLs is
+            probed; anything else (``None`` for the bundled index, an index directory, an object) has no
+            server to check and gives ``None``.
+        timeout: seconds per URL (connect + read), > 0.
+
+    Returns:
+        ``None`` when every URL answers ``GET /health`` with 200 (``mas-index serve``), or, for servers
+        without that route (Search-R1's ``retrieval_server.py`` answers 404), a one-query ``POST /retrieve``
+        in the expected format. Otherwise one line naming each failing URL and why, and how to start a server.
+    """
+    urls = [retriever] if isinstance(retriever, str) else retriever
+    if not isinstance(urls, (list, tuple)) or not urls:
+        return None
+    if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+        return None
+    import httpx
+
+    problems = []
+    with httpx.Client(timeout=timeout) as client:
+        for url in urls:
+            base = _base(url)
+            try:
+                response = client.get(base + "/health")
+                if response.status_code == 404:  # a Search-R1 server: no /health, so ask it one query
+                    response = client.post(
+                        base + "/retrieve",
+                        json={"queries": ["health check"], "topk": 1, "return_scores": True},
+                    )
+                    if response.status_code == 200:
+                        _parse(response.json(), 1)
+                if response.status_code != 200:
+                    problems.append(f"{url} -> HTTP {response.status_code}")
+            except httpx.HTTPError as err:
+                problems.append(f"{url} -> {type(err).__name__}: {err}")
+            except ValueError as err:  # JSON that is not the Search-R1 format
+                problems.append(f"{url} -> {err}")
+    if not problems:
+        return None
+    return (
+        f"retrieval server not answering: {'; '.join(problems)}. Searches will return 'Search error' "
+        "observations (logged as env/retrieval_errors) until it is up; start one with "
+        "`mas-index serve --index DIR --port PORT`."
+    )
 
 
 def _parse(body: dict, num_queries: int) -> list[list[Passage]]:

@@ -215,8 +215,84 @@ def _in_thread(pred: str, golds: list[str], timeout: float) -> bool:
     return bool(result and result[0])
 
 
+# math-verify's defaults: floats are compared rounded to 6 decimal places, other numbers by evaluating their
+# difference to 15 digits with `chop=True`, which zeroes anything below about 1e-15 *absolutely*. Both are
+# absolute tolerances: 1e-7 and 2e-7, or 10^{-30} and 2*10^{-30}, come out equal. `_precision` keeps these
+# defaults at the scale of 1 and moves both by the magnitude of the smallest number in the comparison.
+FLOAT_ROUNDING = 6
+NUMERIC_PRECISION = 15
+# Beyond this many extra digits the comparison would cost more than the deadline allows anyway.
+_MAX_EXTRA_DIGITS = 2000
+_MAX_NODES = 400  # numeric subterms looked at for their magnitude (a 400-character answer has fewer)
+
+
+def _precision(exprs: list) -> tuple[int, int]:
+    """`(float_rounding, numeric_precision)` for math-verify's `verify`, fit to the magnitudes in `exprs`.
+
+    With `m = floor(log10 |v|)` for the smallest non-zero number-valued subterm `v` of any expression (an
+    atom such as `1e-7`, or a term such as `10^{-30}`, so `1 - 10^{-30}` counts at `1e-30`), both
+    defaults grow by `max(0, -m - 1)` digits: a float then agrees with a value when they agree to 6
+    *significant* digits below 0.1 (6 decimal places, as math-verify has it, at and above 0.1), and an
+    exact difference is zeroed only below 15 significant digits of that smallest term. Large values need
+    nothing: 6 decimal places of 10^{20} and an unchopped difference of 1 are already exact.
+    """
+    import mpmath
+    from sympy import Basic, MatrixBase, preorder_traversal
+
+    smallest = None
+    seen = 0
+    for expr in exprs:
+        if not isinstance(expr, (Basic, MatrixBase)):
+            continue
+        for node in preorder_traversal(expr):
+            seen += 1
+            if seen > _MAX_NODES:
+                break
+            if not isinstance(node, Basic) or not getattr(node, "is_number", False) or node.is_Boolean:
+                continue
+            try:
+                v = abs(node.evalf(5))
+                if not v.is_Float or v == 0 or not v.is_finite:
+                    continue
+                m = int(mpmath.floor(mpmath.log10(mpmath.mpf(v._mpf_))))
+            except Exception:  # noqa: BLE001  (a term that will not evaluate says nothing of magnitude)
+                continue
+            smallest = m if smallest is None else min(smallest, m)
+    extra = 0 if smallest is None else min(_MAX_EXTRA_DIGITS, max(0, -smallest - 1))
+    return FLOAT_ROUNDING + extra, NUMERIC_PRECISION + extra
+
+
+def _exact_scientific(expr):
+    r"""`expr` with each `a \times 10^{k}` (a float times a power of ten) made the exact decimal it writes.
+
+    latex2sympy reads `6.02` as a binary float, so `6.02\times10^{23}` is `601999999999999957...` and
+    differs from `602000000000000000000000` by about 4e7. A bare float keeps math-verify's rounding rule
+    (`0.333333` is `1/3`); only the mantissa of scientific notation is made exact.
+    """
+    from sympy import Float, Integer, Mul, Pow, Rational
+
+    def is_scientific(m) -> bool:
+        return (
+            isinstance(m, Mul)
+            and any(isinstance(a, Float) for a in m.args)
+            and any(isinstance(a, Pow) and a.base == Integer(10) and a.exp.is_Integer for a in m.args)
+        )
+
+    try:
+        return expr.replace(
+            is_scientific,
+            lambda m: Mul(*(Rational(str(a)) if isinstance(a, Float) else a for a in m.args)),
+        )
+    except Exception:  # noqa: BLE001  (not an expression that has terms: leave it as parsed)
+        return expr
+
+
 def _compare(pred: str, golds: list[str]) -> bool:
-    """math-verify equivalence of `pred` with any gold, all parsed as LaTeX math; no timeout of its own."""
+    """math-verify equivalence of `pred` with any gold, all parsed as LaTeX math; no timeout of its own.
+
+    The float rounding and evaluation precision passed to `verify` follow the magnitudes involved
+    (`_precision`), so tiny and huge exact values are not called equal by an absolute tolerance.
+    """
     import logging
 
     from math_verify import parse, verify
@@ -225,7 +301,8 @@ def _compare(pred: str, golds: list[str]) -> bool:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
     def as_latex(s: str) -> list:
-        return parse(f"${s}$", parsing_timeout=None) or parse(s, parsing_timeout=None)
+        parsed = parse(f"${s}$", parsing_timeout=None) or parse(s, parsing_timeout=None)
+        return [_exact_scientific(e) for e in parsed]
 
     try:
         target = as_latex(pred)
@@ -233,7 +310,16 @@ def _compare(pred: str, golds: list[str]) -> bool:
             return False
         for g in golds:
             gold = as_latex(g)
-            if gold and verify(gold, target, timeout_seconds=None):
+            if not gold:
+                continue
+            rounding, precision = _precision([*gold, *target])
+            if verify(
+                gold,
+                target,
+                float_rounding=rounding,
+                numeric_precision=precision,
+                timeout_seconds=None,
+            ):
                 return True
     except Exception:  # noqa: BLE001  (any parse/compare failure means "not shown equivalent")
         return False

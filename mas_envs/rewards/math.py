@@ -3,7 +3,9 @@ r"""Math answer grading: is the last `\boxed{}` of a response equivalent to the 
 `grade_math(response, gold)` takes the text after the last `</think>` (the whole text when there is none),
 extracts its last `\boxed{...}` (or `\fbox{...}`) with brace matching, and compares it with the gold answer:
 first as normalised strings, then with `math-verify` (SymPy-based equivalence: `\frac12 == 0.5`,
-`50\% == 50`, `5\text{ cm} == 5`, tuples, intervals, ...).
+`50\% == 50`, `5\text{ cm} == 5`, tuples, intervals, ...). Its float rounding and evaluation precision are
+scaled to the smallest magnitude in the comparison (`_worker._precision`), so `10^{-30}` and `2\cdot10^{-30}`
+differ, and `20!` and `20!+1` differ, while `0.5 == \frac12` and `0.333333 == \frac13` (6 places) hold.
 
 It never raises and returns within `GRADE_TIMEOUT_S` (4 s) on any input. SymPy can hang on inputs like
 `9^{9^{9^9}}`: the big-integer arithmetic runs in C while holding the GIL, so neither `signal.alarm` (what

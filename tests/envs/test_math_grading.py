@@ -63,6 +63,79 @@ def test_grading_table(response, gold, expected):
     assert grade_math(response, gold) is expected
 
 
+# Exact values at the extremes of magnitude (issue 9, item 10). math-verify's defaults are absolute: floats
+# rounded to 6 decimal places, differences evaluated to 15 digits with `chop=True`. The small-value rows of
+# DIFFERENT (through `x=10^{-30}`) and `6.02\times10^{23}` in SAME failed before the grader scaled both
+# settings to the magnitudes involved; the large-value rows guard against a relative tolerance creeping in.
+DIFFERENT = [
+    ("0.0000001", "0.0000002"),
+    (r"10^{-30}", r"2\cdot 10^{-30}"),
+    (r"-10^{-30}", r"-2\cdot10^{-30}"),
+    (r"\frac{1}{10^{20}}", r"\frac{2}{10^{20}}"),
+    (r"\frac{1}{2^{100}}", r"2^{-99}"),
+    (r"1.2\times10^{-30}", r"1.3\times10^{-30}"),
+    (r"1.5\times10^{-20}", r"1.6\times10^{-20}"),
+    ("0.000000000000000000000000000001", r"2\cdot10^{-30}"),
+    (r"e^{-100}", r"2e^{-100}"),
+    (r"\sqrt{10^{-40}}", r"2\cdot 10^{-20}"),
+    (r"10^{100}", r"10^{100}+10^{-100}"),
+    (r"1 - 10^{-30}", r"1 - 2\cdot 10^{-30}"),
+    (r"x + 10^{-30}", r"x + 2\cdot 10^{-30}"),
+    (r"\{10^{-30}, 1\}", r"\{2\cdot10^{-30}, 1\}"),
+    (r"x=10^{-30}", r"2\cdot 10^{-30}"),
+    (r"10^{-30}", "0"),
+    (r"10^{20}", r"10^{20}+1"),
+    ("100000000000000000000", "100000000000000000001"),
+    ("123456789.1", "123456789.2"),
+    (r"20!", r"20!+1"),
+    (r"30!", "265252859812191058636308480000001"),
+    (r"2^{64}", "18446744073709551617"),
+    (r"\binom{100}{50}", "100891344545564193334812497257"),
+    (r"3^{-40}", r"\frac{1}{12157665459056928802}"),
+    (r"\frac{1}{1000000007}", r"\frac{1}{1000000009}"),
+    (r"6.02\times10^{23}", "602000000000000000000001"),
+    (r"\frac13", "0.333"),
+]
+SAME = [
+    (r"10^{-30}", "0.000000000000000000000000000001"),
+    (r"-10^{-30}", r"-10^{-30}"),
+    (r"\frac{1}{2^{100}}", r"2^{-100}"),
+    (r"1.5\times10^{-7}", "0.00000015"),
+    (r"\sqrt{10^{-40}}", r"10^{-20}"),
+    (r"x=10^{-30}", r"10^{-30}"),
+    (r"30!", "265252859812191058636308480000000"),
+    (r"25!", "15511210043330985984000000"),
+    (r"2^{64}", "18446744073709551616"),
+    (r"\binom{100}{50}", "100891344545564193334812497256"),
+    (r"3^{-40}", r"\frac{1}{12157665459056928801}"),
+    (r"6.02\times10^{23}", "602000000000000000000000"),  # the mantissa is the decimal it writes
+    ("0.5", "1/2"),
+    (r"\frac13", "0.333333"),  # math-verify's 6-place rounding of a decimal, kept at the scale of 1
+    (r"\frac{1}{3}\cdot 10^{-10}", r"\frac{10^{-10}}{3}"),
+    (r"\sqrt{2}", "1.41421356"),
+    (r"2\pi", "6.283185"),
+    (r"50\%", "0.5"),
+    (r"0.0001\%", "0.000001"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), DIFFERENT, ids=[f"{a}!={b}" for a, b in DIFFERENT])
+def test_different_exact_values_are_not_equal_at_any_magnitude(a, b):
+    assert grade_math(rf"\boxed{{{a}}}", b) is False
+    assert grade_math(rf"\boxed{{{b}}}", a) is False
+
+
+@pytest.mark.parametrize(("a", "b"), SAME, ids=[f"{a}=={b}" for a, b in SAME])
+def test_equal_values_stay_equal_at_any_magnitude(a, b):
+    assert grade_math(rf"\boxed{{{a}}}", b) is True
+    assert grade_math(rf"\boxed{{{b}}}", a) is True
+
+
+@pytest.mark.parametrize(("gold", "expected"), [(1e-30, True), (2e-30, False), (1e20, False), (3e-30, False)])
+def test_tiny_float_golds_compare_at_their_own_scale(gold, expected):
+    assert grade_math(r"\boxed{10^{-30}}", gold) is expected
+
+
 def test_non_str_response_is_false():
     assert grade_math(None, "4") is False
     assert grade_math(4, "4") is False

@@ -22,7 +22,7 @@ def retriever():
 
 
 def test_bundle_shapes_and_gold_coverage():
-    questions = bundled_hotpotqa()
+    questions = bundled_hotpotqa("all")
     docs = list(iter_corpus(bundled_corpus_path()))
     assert len(questions) == 150 and len(docs) == 1484
     ids = {d[0] for d in docs}
@@ -48,7 +48,7 @@ def test_shipped_vectors_match_the_encoder_on_a_sample():
 
 
 def test_recall_at_3_of_raw_questions(retriever):
-    questions = bundled_hotpotqa()
+    questions = bundled_hotpotqa("all")
     hits = retriever.search([q["question"] for q in questions], topk=3)
     found = [bool({p.id for p in h} & set(q["supporting_ids"])) for q, h in zip(questions, hits, strict=True)]
     recall = sum(found) / len(found)

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_QUERY_CHARS",
     "ActionParse",
     "NotesAfterActionMixin",
+    "RetrievalErrorsMixin",
     "check_retriever_arg",
     "clip_query",
     "first_block",
@@ -240,6 +241,14 @@ def information_block(body: str) -> str:
     return f"<information>{body}</information>"
 
 
+def _search(retriever: Any, query: str, topk: int) -> tuple[list[Passage], str, bool]:
+    try:
+        hits = resolve_retriever(retriever).search([clip_query(query)], topk)[0]
+    except Exception as err:  # a failing retriever is an observation for the agents, not a crash
+        return [], f"Search error: {type(err).__name__}: {err}", True
+    return list(hits), format_passages(list(hits)), False
+
+
 def run_search(retriever: Any, query: str, topk: int) -> tuple[list[Passage], str]:
     """Run one query (cut by :func:`clip_query`); never raises.
 
@@ -247,11 +256,34 @@ def run_search(retriever: Any, query: str, topk: int) -> tuple[list[Passage], st
         ``(passages, body)``: the passages (empty on error) and the text for the information block, either the
         Search-R1 rendering of the passages or ``"Search error: <type>: <message>"``.
     """
-    try:
-        hits = resolve_retriever(retriever).search([clip_query(query)], topk)[0]
-    except Exception as err:  # a failing retriever is an observation for the agents, not a crash
-        return [], f"Search error: {type(err).__name__}: {err}"
-    return list(hits), format_passages(list(hits))
+    passages, body, _ = _search(retriever, query, topk)
+    return passages, body
+
+
+class RetrievalErrorsMixin:
+    """Count an episode's failed retriever calls, reported as the ``retrieval_errors`` episode metric.
+
+    A failed search is an observation (``Search error: ...``) and the episode goes on, so without a count a
+    dead retriever shows only in transcripts. Envs search with :meth:`_search` (``self.retriever``,
+    ``self.topk``) and put :meth:`retrieval_metrics` in their ``Outcome.metrics``; the trainer logs the mean
+    over a step's episodes as ``env/retrieval_errors`` (failed calls per episode).
+    """
+
+    retrieval_errors: int = 0
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        self.retrieval_errors = 0
+        super().reset(seed=seed, options=options)
+
+    def _search(self, query: str) -> str:
+        """Search ``query`` (never raises); returns the information-block body and counts a failure."""
+        _, body, failed = _search(self.retriever, query, self.topk)
+        self.retrieval_errors += failed
+        return body
+
+    def retrieval_metrics(self) -> dict[str, float]:
+        """``{"retrieval_errors": n}``: failed retriever calls in this episode, as a float."""
+        return {"retrieval_errors": float(self.retrieval_errors)}
 
 
 class NotesAfterActionMixin:

@@ -9,7 +9,10 @@ Task rows come out as ``{"id", "question", "golden_answers", "data_source", ...}
 schema ``TextAECEnv.reset(options={"task": row})`` expects.
 
 The bundled set (``"hotpotqa"``): 150 HotpotQA dev questions (distractor setting) whose 1,484 context
-paragraphs form the bundled retrieval corpus; CC BY-SA 4.0, see ``mas_envs/data/hotpotqa/NOTICE.md``.
+paragraphs form the bundled retrieval corpus; CC BY-SA 4.0, see ``mas_envs/data/hotpotqa/NOTICE.md``. It is
+split by position: the first 100 questions are the search envs' training tasks (``hotpotqa_train.jsonl``),
+the last 50 their evaluation tasks (``hotpotqa_dev.jsonl``, the envs' ``default_eval_tasks``). The two share
+no question, and the corpus holds both gold paragraphs of every question of both.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from mas_envs.rewards.qa import answer_strings
 
-__all__ = ["FLASHRAG_DATASETS", "bundled_hotpotqa", "load_qa"]
+__all__ = ["FLASHRAG_DATASETS", "HOTPOTQA_SPLITS", "bundled_hotpotqa", "bundled_hotpotqa_path", "load_qa"]
 
 # FlashRAG dataset folder name -> data_source reported in metrics.
 FLASHRAG_DATASETS = {
@@ -41,14 +44,38 @@ def _hotpotqa_dir() -> Path:
     return Path(str(resources.files("mas_envs") / "data" / "hotpotqa"))
 
 
-@functools.lru_cache(maxsize=1)
-def _bundled_rows() -> tuple[dict[str, Any], ...]:
-    return tuple(_read_jsonl(_hotpotqa_dir() / "questions.jsonl"))
+HOTPOTQA_SPLITS = ("train", "dev")
+"""Splits of the bundled HotpotQA set: ``train`` (100 questions) and ``dev`` (50), disjoint."""
 
 
-def bundled_hotpotqa() -> list[dict[str, Any]]:
-    """The 150 bundled HotpotQA questions as task rows (fresh copies; ``data_source == "hotpotqa"``)."""
-    return [dict(r) for r in _bundled_rows()]
+def bundled_hotpotqa_path(split: str) -> str:
+    """Path of a bundled HotpotQA split file (``"train"`` or ``"dev"``), as a string for ``load_tasks``.
+
+    Raises:
+        ValueError: an unknown split.
+    """
+    if split not in HOTPOTQA_SPLITS:
+        raise ValueError(f"the bundled HotpotQA set has splits {HOTPOTQA_SPLITS}, not {split!r}")
+    return str(_hotpotqa_dir() / f"hotpotqa_{split}.jsonl")
+
+
+@functools.lru_cache(maxsize=2)
+def _bundled_rows(split: str) -> tuple[dict[str, Any], ...]:
+    return tuple(_read_jsonl(Path(bundled_hotpotqa_path(split))))
+
+
+def bundled_hotpotqa(split: str = "train") -> list[dict[str, Any]]:
+    """Bundled HotpotQA questions as task rows (fresh copies; ``data_source == "hotpotqa"``).
+
+    Args:
+        split: ``"train"`` (the first 100 questions, the search envs' default training tasks), ``"dev"``
+            (the last 50, their default evaluation tasks) or ``"all"`` (all 150, train first).
+
+    Raises:
+        ValueError: an unknown split.
+    """
+    splits = HOTPOTQA_SPLITS if split == "all" else (split,)
+    return [dict(r) for s in splits for r in _bundled_rows(s)]
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -78,7 +105,8 @@ def load_qa(
     Args:
         source: ``"hotpotqa"`` without ``root`` (the bundled set), a FlashRAG dataset name with ``root``
             (reads ``<root>/<source>/<split>.jsonl``), or a path to a JSONL / JSONL.gz file.
-        split: split file name used with ``root``.
+        split: split file name used with ``root``. For the bundled set: ``"train"``, ``"dev"`` or
+            ``"all"``; the default ``"test"`` gives ``"dev"``, its held-out part.
         root: FlashRAG data root.
         limit: keep the first ``limit`` rows.
         data_source: override the rows' ``data_source`` (default: the dataset name, or the file's parent folder
@@ -92,7 +120,7 @@ def load_qa(
         KeyError: a row lacks ``question`` or any gold answer field.
     """
     if root is None and str(source) == "hotpotqa":
-        rows = bundled_hotpotqa()
+        rows = bundled_hotpotqa("dev" if split == "test" else split)
         return rows[:limit] if limit is not None else rows
     if root is not None:
         path = Path(root).expanduser() / str(source) / f"{split}.jsonl"

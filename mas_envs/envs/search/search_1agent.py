@@ -10,7 +10,7 @@
 | Reward | R = exact match (SQuAD normalisation) of the answer against `golden_answers`; `-c` (default 0.01) on an invalid turn |
 | Termination | the agent answered |
 | Truncation | `max_turns` turns without an answer (R = 0) |
-| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches` |
+| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches`, `episode_metrics` = `{"retrieval_errors": failed searches}` |
 
 Each turn the first action tag decides: a search runs the retriever and appends the query and an
 `<information>` block to the transcript the agent sees next turn; an answer ends the episode (the last
@@ -32,14 +32,14 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 
 from .common import (
     NotesAfterActionMixin,
+    RetrievalErrorsMixin,
     check_retriever_arg,
     golden_answers_of,
     information_block,
     parse_action,
-    run_search,
     score_answer,
 )
-from .data import bundled_hotpotqa
+from .data import bundled_hotpotqa, bundled_hotpotqa_path
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchOneAgentEnv", "env", "raw_env"]
@@ -59,7 +59,7 @@ _FORMAT_REMINDER = (
 )
 
 
-class SearchOneAgentEnv(NotesAfterActionMixin, TextAECEnv):
+class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv):
     """Single-agent think → search | answer loop (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -73,6 +73,7 @@ class SearchOneAgentEnv(NotesAfterActionMixin, TextAECEnv):
         AGENT: ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "Paris")
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
+    default_eval_tasks: ClassVar[str] = bundled_hotpotqa_path("dev")  # disjoint from the default tasks
 
     def __init__(
         self,
@@ -110,7 +111,7 @@ class SearchOneAgentEnv(NotesAfterActionMixin, TextAECEnv):
             self.answer = parsed.content
             return Transition(invalid=parsed.invalid, next_agent=None)
         if parsed.kind == "search" and parsed.content:
-            _, body = run_search(self.retriever, parsed.content, self.topk)
+            body = self._search(parsed.content)
             self.num_searches += 1
             reply = information_block(body)
         else:
@@ -122,7 +123,7 @@ class SearchOneAgentEnv(NotesAfterActionMixin, TextAECEnv):
     def _outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.task)
         self.infos[AGENT].update({"f1": f1, "answer": self.answer, "num_searches": self.num_searches})
-        return Outcome(team_reward=em, success=em == 1.0)
+        return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
 
     def _prompt(self, agent: str) -> list[dict[str, str]]:
         parts = [f"Question: {self.task['question']}"]

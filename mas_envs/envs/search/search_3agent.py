@@ -10,7 +10,7 @@
 | Reward | R = exact match of the answer against `golden_answers` after SQuAD normalisation (0 without an answer), to every agent at the end; `-c` (default c = 0.01) to an agent on an invalid action |
 | Termination | the answerer answered (or, with `last_turn="verify"`, the verifier said no on the last turn) |
 | Truncation | never: the last turn always ends in a termination |
-| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches` |
+| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` = `{"retrieval_errors": failed searches}` |
 
 **Turns.** A turn is one verifier decision plus the action it routes to, as in the reference
 (`env.max_steps`); `infos[a]["turn"]` still counts single agent actions, as in every `mas_envs` env.
@@ -54,16 +54,16 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 
 from .common import (
     NotesAfterActionMixin,
+    RetrievalErrorsMixin,
     check_retriever_arg,
     clip_query,
     first_block,
     golden_answers_of,
     information_block,
     parse_action,
-    run_search,
     score_answer,
 )
-from .data import bundled_hotpotqa
+from .data import bundled_hotpotqa, bundled_hotpotqa_path
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
@@ -105,7 +105,7 @@ def render_history(history: Sequence[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
+class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv):
     """Verifier → searcher | answerer multi-turn search QA (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -125,6 +125,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         ANSWERER: ("<think>", "</think>", "<answer>", "</answer>", "<search>", "yes"),
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
+    default_eval_tasks: ClassVar[str] = bundled_hotpotqa_path("dev")  # disjoint from the default tasks
 
     def __init__(
         self,
@@ -183,7 +184,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
             parsed = parse_action(action, allowed=("search",))
             if parsed.kind == "search" and parsed.content:
                 query = clip_query(parsed.content)
-                _, body = run_search(self.retriever, query, self.topk)
+                body = self._search(query)
                 info = information_block(body)
                 self.history.append((query, info))
                 self._note_after(info)
@@ -204,7 +205,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
             self.infos[a].update(
                 {"f1": f1, "answer": self.answer, "num_searches": sum(1 for q, _ in self.history if q)}
             )
-        return Outcome(team_reward=em, success=em == 1.0)
+        return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
 
     # --- prompts -----------------------------------------------------------------------------------------
     def _prompt(self, agent: str) -> list[dict[str, str]]:
