@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     rows = []
-    print("| shift m | agent | abs(mu_k-mu)/sigma | predicted | measured GRPO | Delta_k/E z2 | Dr. MAS | GRPO G=8 |")
+    print(
+        "| shift m | agent | abs(mu_k-mu)/sigma | predicted | measured GRPO | Delta_k/E z2 | Dr. MAS | GRPO G=8 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for i, m in enumerate(SHIFTS):
         setup = sweep_setup(float(m))
@@ -61,7 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.2), constrained_layout=True)
     colors = {"solver": "tab:gray", "verifier": "tab:blue", "checker": "tab:red"}
     x = np.linspace(0, max(r["dev"] for r in rows) * 1.03, 200)
-    ax.plot(x, 0.25 + x**2, color="tab:red", lw=1.5, label=r"prediction, checker: $\sigma_k^2/\sigma^2 + x^2$")
+    ax.plot(
+        x, 0.25 + x**2, color="tab:red", lw=1.5, label=r"prediction, checker: $\sigma_k^2/\sigma^2 + x^2$"
+    )
     for agent in ("verifier", "checker"):
         sel = [r for r in rows if r["agent"] == agent]
         dev = [r["dev"] for r in sel]
@@ -76,7 +80,9 @@ def main(argv: list[str] | None = None) -> None:
             label=f"GRPO measured, {agent} (±2 s.e.)",
         )
         if agent == "verifier":
-            ax.plot(dev, [r["pred"] for r in sel], "x", color=colors[agent], ms=8, label="prediction, verifier")
+            ax.plot(
+                dev, [r["pred"] for r in sel], "x", color=colors[agent], ms=8, label="prediction, verifier"
+            )
         ax.plot(
             dev,
             [r["grpo_g"] for r in sel],
@@ -98,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     for agent, c in colors.items():
         sel = [r for r in rows if r["agent"] == agent]
         bx.plot([r["pred"] for r in sel], [r["grpo"] for r in sel], "o", color=c, label=f"{agent}, GRPO")
-        bx.plot([1.0] * len(sel), [r["drmas"] for r in sel], "s", mfc="none", color=c, label=f"{agent}, Dr. MAS")
+        bx.plot(
+            [1.0] * len(sel), [r["drmas"] for r in sel], "s", mfc="none", color=c, label=f"{agent}, Dr. MAS"
+        )
     hi = max(max(r["pred"], r["grpo"]) for r in rows) * 1.05
     t = np.linspace(0, hi, 50)
     bx.plot(t, t, "k-", lw=0.8, label="measured = predicted")
