@@ -40,6 +40,10 @@ Differences from the reference code (``verl/trainer/ppo/core_algos.py::compute_g
 
 What the trainer logs from :class:`AdvantageResult.metrics`: per agent the mean and std of its advantages, its
 sample count, and the fraction of its samples whose std was 0 (``advantages/zero_std_frac/<agent>``).
+
+:func:`lemma_factors` / :func:`lemma_metrics` compute, whatever the mode, the factor by which one global
+baseline would inflate agent k's gradient second moment (Lemma 4.2):
+:math:`E\|z\|^2 (\sigma_k^2 + (\mu_k - \mu)^2) / \sigma^2`; under Dr. MAS the factor is 1 (eq. 6).
 """
 
 from __future__ import annotations
@@ -54,8 +58,11 @@ __all__ = [
     "SCOPES",
     "AdvantageResult",
     "AgentAdvantageStats",
+    "AgentLemmaStats",
     "compute_advantages",
     "compute_advantages_with_stats",
+    "lemma_factors",
+    "lemma_metrics",
 ]
 
 MODES = ("drmas", "grpo", "agent_mean", "agent_std")
@@ -207,6 +214,135 @@ def compute_advantages_with_stats(
             zero_std_frac=float(zero_std[mask].mean()),
         )
     return AdvantageResult(advantages=adv, zero_std=zero_std, per_agent=per_agent)
+
+
+@dataclass(frozen=True)
+class AgentLemmaStats:
+    r"""Lemma 4.2 statistics of one agent, averaged over the task groups where they are defined.
+
+    A task group counts for agent k when k acted in it and the global std of its trajectory scores is > 0
+    (where σ = 0 the factor is undefined: GRPO's advantage is 0 there). Every mean below is over those groups,
+    each group weighted equally.
+
+    Attributes:
+        groups: number of task groups in which the agent acted.
+        defined_frac: fraction of those groups with σ > 0, in [0, 1] (NaN when ``groups`` is 0).
+        factor: mean over the defined groups of :math:`(\sigma_k^2 + (\mu_k - \mu)^2) / \sigma^2`
+            (Lemma 4.2; 1 means a global baseline costs this agent nothing); NaN when no group is defined.
+        mu_k: mean of the per-group agent mean μ_k (eq. 5, over the agent's turns).
+        sigma_k: mean of the per-group agent population std σ_k.
+        mu: mean of the per-group global mean μ (eq. 2, over trajectories).
+        sigma: mean of the per-group global population std σ.
+    """
+
+    groups: int
+    defined_frac: float
+    factor: float
+    mu_k: float
+    sigma_k: float
+    mu: float
+    sigma: float
+
+
+def lemma_factors(
+    scores: Sequence[float] | np.ndarray,
+    group_ids: Sequence[Hashable] | np.ndarray,
+    traj_ids: Sequence[Hashable] | np.ndarray,
+    agent_ids: Sequence[Hashable] | np.ndarray,
+) -> dict[str, AgentLemmaStats]:
+    r"""Per agent, the inflation factor a global GRPO baseline puts on its gradient second moment.
+
+    Lemma 4.2 (Dr. MAS, arXiv 2602.08847): with the global advantage :math:`(r - \mu)/\sigma`, the second
+    moment of agent k's per-turn gradient :math:`z \cdot A` is
+    :math:`E\|z\|^2 \, (\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2 + \Delta_k`; this returns that factor from the
+    batch's scores, independent of the ``advantage_mode`` the run trains with. Statistics are those of
+    :func:`compute_advantages` with ``scope="group"``: μ, σ over the trajectory scores of the task group
+    (eq. 2), μ_k, σ_k over agent k's turn scores in it (eq. 5), population stds.
+
+    Args:
+        scores, group_ids, traj_ids, agent_ids: ``(N,)`` each, as for :func:`compute_advantages`.
+
+    Returns:
+        ``{agent: AgentLemmaStats}`` in order of first appearance (see :class:`AgentLemmaStats`).
+
+    Raises:
+        ValueError: as :func:`compute_advantages` (lengths, NaN/inf scores, unhashable ids).
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1:
+        raise ValueError(f"scores must be 1-D (one per sample), got shape {s.shape}")
+    n = s.shape[0]
+    bad = np.flatnonzero(~np.isfinite(s))
+    if bad.size:
+        raise ValueError(
+            f"scores contain {bad.size} NaN/inf value(s), first at indices {bad[:5].tolist()}: "
+            f"{s[bad[:5]].tolist()}; check the reward function and the invalid-action penalty"
+        )
+    g = _factorize(group_ids, "group_ids", n)
+    t = _combine(g, _factorize(traj_ids, "traj_ids", n))
+    a_codes, agent_names = _factorize_named(agent_ids, "agent_ids", n)
+    if n == 0:
+        return {}
+    ga = _combine(g, a_codes)
+    n_traj = int(t.max()) + 1
+    r = np.bincount(t, weights=s, minlength=n_traj) / np.bincount(t, minlength=n_traj)
+    traj_group = np.zeros(n_traj, dtype=np.int64)
+    traj_group[t] = g
+    mu_g, sigma_g = _mean_std(r, traj_group)
+    mu_ga, sigma_ga = _mean_std(s, ga)
+    # one row per (group, agent) key: its group, its agent
+    n_ga = int(ga.max()) + 1
+    key_group = np.zeros(n_ga, dtype=np.int64)
+    key_agent = np.zeros(n_ga, dtype=np.int64)
+    key_group[ga] = g
+    key_agent[ga] = a_codes
+    nan = float("nan")
+    out: dict[str, AgentLemmaStats] = {}
+    for code, name in enumerate(agent_names):
+        keys = np.flatnonzero(key_agent == code)
+        grp = key_group[keys]
+        ok = sigma_g[grp] > 0
+        if not ok.any():
+            out[name] = AgentLemmaStats(len(keys), 0.0, nan, nan, nan, nan, nan)
+            continue
+        k_ok, g_ok = keys[ok], grp[ok]
+        sigma = sigma_g[g_ok]
+        factor = (sigma_ga[k_ok] ** 2 + (mu_ga[k_ok] - mu_g[g_ok]) ** 2) / sigma**2
+        out[name] = AgentLemmaStats(
+            groups=len(keys),
+            defined_frac=float(ok.mean()),
+            factor=float(factor.mean()),
+            mu_k=float(mu_ga[k_ok].mean()),
+            sigma_k=float(sigma_ga[k_ok].mean()),
+            mu=float(mu_g[g_ok].mean()),
+            sigma=float(sigma.mean()),
+        )
+    return out
+
+
+def lemma_metrics(
+    scores: Sequence[float] | np.ndarray,
+    group_ids: Sequence[Hashable] | np.ndarray,
+    traj_ids: Sequence[Hashable] | np.ndarray,
+    agent_ids: Sequence[Hashable] | np.ndarray,
+    *,
+    prefix: str = "lemma",
+) -> dict[str, float]:
+    """:func:`lemma_factors` as flat, log-ready metrics.
+
+    Keys: ``<prefix>/factor/<agent>``, ``<prefix>/mu_k/<agent>``, ``<prefix>/sigma_k/<agent>``,
+    ``<prefix>/mu/<agent>``, ``<prefix>/sigma/<agent>``, ``<prefix>/defined_frac/<agent>`` (NaN where undefined;
+    the JSONL sink writes it as ``null``). Same arguments and errors as :func:`lemma_factors`.
+    """
+    out: dict[str, float] = {}
+    for agent, st in lemma_factors(scores, group_ids, traj_ids, agent_ids).items():
+        out[f"{prefix}/factor/{agent}"] = st.factor
+        out[f"{prefix}/mu_k/{agent}"] = st.mu_k
+        out[f"{prefix}/sigma_k/{agent}"] = st.sigma_k
+        out[f"{prefix}/mu/{agent}"] = st.mu
+        out[f"{prefix}/sigma/{agent}"] = st.sigma
+        out[f"{prefix}/defined_frac/{agent}"] = st.defined_frac
+    return out
 
 
 def _mean_std(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,294 @@
+"""``mas-plot``: PNG figures of one or more runs from their ``metrics.jsonl`` (matplotlib, headless).
+
+``mas-plot RUN_DIR [RUN_DIR ...] [--out DIR]`` writes, when the run logged the metrics (a figure or panel whose
+metrics no run has is skipped, never an error):
+
+===================  =============================================================================
+file                 what
+===================  =============================================================================
+``reward.png``       ``charts/reward`` and ``charts/success_rate`` over training steps
+``eval.png``         ``eval/avg@k`` and ``eval/pass@k`` at each evaluation (step 0 = before training)
+``invalid_rate.png`` ``charts/invalid_rate/<agent>``, one panel per agent
+``grad_norm.png``    ``losses/grad_norm/<agent>``, one panel per agent
+``env.png``          ``env/<name>`` (per-episode env metrics), one panel per metric
+``lemma_factor.png`` ``lemma/factor/<agent>`` (Lemma 4.2 inflation factor), one panel per agent
+===================  =============================================================================
+
+Several runs overlay, one colour per run, with a legend. One run writes into ``RUN_DIR/plots`` by default;
+several need ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["RunMetrics", "load_run", "main", "plot_run", "plot_runs"]
+
+_EVAL_KEY = re.compile(r"^eval/(avg|pass)@(\d+)$")
+
+
+@dataclass
+class RunMetrics:
+    """The series of one run: ``series[key] = (steps, values)``, non-null values only, in file order.
+
+    Attributes:
+        run_dir: the run folder.
+        label: the name shown in legends (the folder name).
+        series: metric name -> (steps, values).
+    """
+
+    run_dir: Path
+    label: str
+    series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+
+    def get(self, key: str) -> tuple[list[int], list[float]]:
+        return self.series.get(key, ([], []))
+
+    def keys(self, prefix: str) -> list[str]:
+        """Metric names starting with ``prefix``, in order of first appearance."""
+        return [k for k in self.series if k.startswith(prefix)]
+
+
+def load_run(run_dir: str | Path, label: str | None = None) -> RunMetrics:
+    """Read ``RUN_DIR/metrics.jsonl`` (one JSON object a line with ``step`` and metric keys).
+
+    Non-numeric values (e.g. the task ids a line carries) and ``null`` (non-finite) values are skipped; a
+    truncated last line (a run killed mid-write) is ignored.
+
+    Raises:
+        FileNotFoundError: no ``metrics.jsonl`` in ``run_dir`` (the message says what to pass instead).
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found; pass a run folder written by mas-train with the jsonl sink (report_to: jsonl)"
+        )
+    run = RunMetrics(run_dir=run_dir, label=label or run_dir.name)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break  # half-written last line
+            raise ValueError(f"{path}:{i + 1} is not JSON; the file is corrupt") from None
+        step = rec.get("step")
+        if not isinstance(step, int | float):
+            continue
+        for k, v in rec.items():
+            if k in ("step", "time") or isinstance(v, bool) or not isinstance(v, int | float):
+                continue
+            if not math.isfinite(v):
+                continue
+            steps, values = run.series.setdefault(k, ([], []))
+            steps.append(int(step))
+            values.append(float(v))
+    return run
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panels_figure(
+    runs: Sequence[RunMetrics],
+    panels: Sequence[tuple[str, str, str]],
+    title: str,
+    path: Path,
+    *,
+    marker: str = "",
+    hline: float | None = None,
+) -> Path | None:
+    """One figure, one panel per ``(panel title, metric key, y label)``; a line per run. None if no data."""
+    panels = [p for p in panels if any(r.get(p[1])[0] for r in runs)]
+    if not panels:
+        return None
+    plt = _plt()
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows + 0.5), squeeze=False, constrained_layout=True
+    )
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (ptitle, key, ylabel) in zip(axes.flat, panels, strict=False):
+        for j, run in enumerate(runs):
+            steps, values = run.get(key)
+            if steps:
+                ax.plot(
+                    steps,
+                    values,
+                    marker=marker or None,
+                    ls="-",
+                    color=colors[j % len(colors)],
+                    label=run.label,
+                )
+        if hline is not None:
+            ax.axhline(hline, color="k", lw=0.8, ls=":")
+        ax.set_title(ptitle, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    if len(runs) > 1:
+        handles, labels = [], []
+        for ax in axes.flat:
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize=8)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _agents(runs: Sequence[RunMetrics], prefix: str) -> list[str]:
+    seen: list[str] = []
+    for r in runs:
+        for k in r.keys(prefix):
+            a = k[len(prefix) :]
+            if a and a not in seen:
+                seen.append(a)
+    return seen
+
+
+def _eval_figure(runs: Sequence[RunMetrics], path: Path) -> Path | None:
+    keys: list[str] = []
+    for r in runs:
+        keys += [k for k in r.series if _EVAL_KEY.match(k) and k not in keys]
+    keys.sort(key=lambda k: (_EVAL_KEY.match(k).group(1), int(_EVAL_KEY.match(k).group(2))))
+    panels = []
+    for k in keys:
+        kind, n = _EVAL_KEY.match(k).groups()
+        what = "mean success over the k samples" if kind == "avg" else "any of the k samples succeeds"
+        ptitle = f"{kind}@{n} ({what})"
+        if len(runs) == 1:
+            steps, values = runs[0].get(k)
+            if len(values) >= 2:
+                ptitle += f"\nstep {steps[0]} → {steps[-1]}: {values[0]:.3f} → {values[-1]:.3f}"
+        panels.append((ptitle, k, "fraction of eval tasks"))
+    return _panels_figure(runs, panels, "Evaluation (step 0 = before training)", path, marker="o")
+
+
+def plot_runs(
+    run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None
+) -> list[Path]:
+    """Draw the figures of ``run_dirs`` (overlaid) into ``out_dir``; returns the PNG paths written.
+
+    Args:
+        run_dirs: run folders, each with a ``metrics.jsonl``.
+        out_dir: where the PNGs go (created).
+        labels: legend names, one per run (default: the folder names, made unique).
+
+    Raises:
+        FileNotFoundError: a run folder without ``metrics.jsonl``.
+        ValueError: ``labels`` of the wrong length, or a corrupt ``metrics.jsonl``.
+    """
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"give one label per run: {len(run_dirs)} runs, {len(labels)} labels")
+    if labels is None:
+        names = [Path(d).name for d in run_dirs]
+        labels = [
+            n if names.count(n) == 1 else f"{Path(d).parent.name}/{n}"
+            for n, d in zip(names, run_dirs, strict=True)
+        ]
+    runs = [load_run(d, lab) for d, lab in zip(run_dirs, labels, strict=True)]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [
+        _panels_figure(
+            runs,
+            [
+                ("team reward (mean over trajectories)", "charts/reward", "reward"),
+                ("success rate", "charts/success_rate", "fraction of trajectories"),
+            ],
+            "Training rollouts",
+            out / "reward.png",
+        ),
+        _eval_figure(runs, out / "eval.png"),
+        _panels_figure(
+            runs,
+            [
+                (a, f"charts/invalid_rate/{a}", "fraction of turns")
+                for a in _agents(runs, "charts/invalid_rate/")
+            ],
+            "Invalid (malformed) turns per agent",
+            out / "invalid_rate.png",
+        ),
+        _panels_figure(
+            runs,
+            [(a, f"losses/grad_norm/{a}", "gradient L2 norm") for a in _agents(runs, "losses/grad_norm/")],
+            "Gradient norm per agent",
+            out / "grad_norm.png",
+        ),
+        _panels_figure(
+            runs,
+            [(n, f"env/{n}", "episode mean") for n in _agents(runs, "env/")],
+            "Environment metrics (mean over episodes)",
+            out / "env.png",
+        ),
+        _panels_figure(
+            runs,
+            [
+                (a, f"lemma/factor/{a}", r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$")
+                for a in _agents(runs, "lemma/factor/")
+            ],
+            "Lemma 4.2 factor per agent (1 = global baseline costs nothing)",
+            out / "lemma_factor.png",
+            hline=1.0,
+        ),
+    ]
+    return [p for p in written if p is not None]
+
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """The figures of one run into ``out_dir`` (default ``RUN_DIR/plots``); returns the PNG paths written.
+
+    Same errors as :func:`plot_runs`.
+    """
+    run_dir = Path(run_dir)
+    return plot_runs([run_dir], out_dir if out_dir is not None else run_dir / "plots")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mas-plot", description="Draw PNG figures of mas-train runs.")
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (each with metrics.jsonl)")
+    ap.add_argument("--out", default=None, help="output folder (default: RUN_DIR/plots for one run)")
+    ap.add_argument("--labels", default=None, help="comma-separated legend names, one per run")
+    args = ap.parse_args(argv)
+    if args.out is None and len(args.runs) > 1:
+        ap.error("several runs need --out DIR (one folder for the overlaid figures)")
+    labels = args.labels.split(",") if args.labels else None
+    out = args.out if args.out is not None else Path(args.runs[0]) / "plots"
+    try:
+        paths = plot_runs(args.runs, out, labels)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"mas-plot: error: {err}", file=sys.stderr)
+        return 2
+    if not paths:
+        print("mas-plot: no known metrics in these runs; nothing drawn", file=sys.stderr)
+        return 1
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

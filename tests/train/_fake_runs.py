@@ -1,0 +1,58 @@
+"""Fake run folders (metrics.jsonl + config.yaml) for the mas-plot and mas-compare tests."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import yaml
+
+
+def write_fake_run(
+    run_dir: Path,
+    *,
+    mode: str = "drmas",
+    seed: int = 0,
+    steps: int = 12,
+    grad_norms: Mapping[str, Sequence[float]] | None = None,
+    evals: Sequence[tuple[int, float, float]] = ((0, 0.25, 0.5), (12, 0.5, 0.75)),
+    factor: Mapping[str, float] | None = None,
+    extra_keys: bool = True,
+    max_steps: int | None = None,
+) -> Path:
+    """A run folder: ``steps`` training lines, eval lines ``(step, avg@4, pass@4)``, and a ``config.yaml``.
+
+    ``grad_norms[agent][i]`` is ``losses/grad_norm/<agent>`` at step i + 1 (default a smooth curve per agent).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    grad_norms = grad_norms or {
+        "solver": [1.0 + 0.1 * i for i in range(steps)],
+        "verifier": [0.5 + 0.05 * math.sin(i) for i in range(steps)],
+    }
+    factor = factor or {"solver": 1.0, "verifier": 1.5}
+    lines = []
+    by_step = {s: (a, p) for s, a, p in evals}
+    if 0 in by_step:
+        lines.append({"step": 0, "time": 0.0, "eval/avg@4": by_step[0][0], "eval/pass@4": by_step[0][1]})
+    for i in range(steps):
+        step = i + 1
+        rec = {"step": step, "time": float(step), "charts/reward": 0.1 * step / steps + 0.05 * (seed + 1)}
+        rec["charts/success_rate"] = rec["charts/reward"]
+        for a, g in grad_norms.items():
+            rec[f"losses/grad_norm/{a}"] = g[i]
+            if extra_keys:
+                rec[f"charts/invalid_rate/{a}"] = max(0.0, 0.5 - 0.03 * step)
+                rec[f"lemma/factor/{a}"] = factor.get(a, 1.0) + 0.01 * i
+        if extra_keys:
+            rec["env/verifier_accuracy"] = 0.5 + 0.02 * step
+            rec["env/solver_turns"] = 1.5
+            rec["charts/reward_null"] = None  # a non-finite value, logged as null
+        lines.append(rec)
+        if step in by_step and step != 0:
+            lines.append({"step": step, "eval/avg@4": by_step[step][0], "eval/pass@4": by_step[step][1]})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    cfg = {"env": "math-2agent", "advantage_mode": mode, "seed": seed, "max_steps": max_steps or steps}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return run_dir

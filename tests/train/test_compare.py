@@ -1,0 +1,133 @@
+"""mas-compare: the report from fake run folders (exact numbers), and a tiny end-to-end comparison."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _fake_runs import write_fake_run
+
+from mas_train.compare import build_report, count_spikes, is_finished, main, run_comparison, summarize_run
+
+SPIKY = [1, 1, 5, 1, 3, 1, 1, 9, 1, 1, 1, 1]  # spikes at steps 3 and 8; 3.0 is not > 3 x median 1
+
+
+def test_count_spikes_uses_the_previous_ten_steps():
+    assert count_spikes(SPIKY) == 2
+    # steps 13-17 (10 after ones) spike; at step 18 the window is 5 ones + 5 tens (median 5.5); 25 at step 19
+    # is not a spike over the previous ten (median 10) though it would be over all eighteen (median 1)
+    assert count_spikes([1] * 12 + [10] * 6 + [25]) == 5
+    assert count_spikes([]) == 0 and count_spikes([100.0]) == 0
+
+
+def test_summarize_run_exact_numbers(tmp_path):
+    run = write_fake_run(
+        tmp_path / "r",
+        mode="grpo",
+        seed=3,
+        grad_norms={"solver": SPIKY},
+        evals=((0, 0.25, 0.5), (12, 0.625, 0.75)),
+        factor={"solver": 2.0},
+    )
+    s = summarize_run(run)
+    assert (s.mode, s.seed, s.k) == ("grpo", 3, 4)
+    assert (s.final_avg, s.final_pass, s.gain_avg) == (0.625, 0.75, 0.375)
+    g = s.grad["solver"]
+    # sorted: nine 1s, 3, 5, 9 -> median 1; p95 at rank 10.45 -> 5 + 0.45 * 4 = 6.8
+    assert g == {"median": 1.0, "p95": pytest.approx(6.8), "max": 9.0, "spikes": 2.0, "steps": 12.0}
+    assert s.factor["solver"] == pytest.approx(2.0 + 0.01 * np.mean(range(12)))
+
+
+def _fake_grid(root):
+    dirs = []
+    for mode, norms, evals in [
+        ("grpo", SPIKY, [((0, 0.25, 0.5), (12, 0.5, 0.75)), ((0, 0.25, 0.5), (12, 0.25, 0.5))]),
+        ("drmas", [1.0] * 12, [((0, 0.25, 0.5), (12, 0.75, 1.0)), ((0, 0.25, 0.5), (12, 0.5, 1.0))]),
+    ]:
+        for seed, ev in enumerate(evals):
+            grads = {"solver": norms, "verifier": [2.0] * 12}
+            dirs.append(
+                write_fake_run(root / f"{mode}{seed}", mode=mode, seed=seed, grad_norms=grads, evals=ev)
+            )
+    return dirs
+
+
+def test_report_from_fake_runs(tmp_path):
+    out = tmp_path / "report"
+    summary = build_report(_fake_grid(tmp_path), out)
+    grpo, drmas = summary["modes"]["grpo"], summary["modes"]["drmas"]
+    assert grpo["seeds"] == [0, 1] and grpo["k"] == 4
+    assert grpo["final_avg"]["mean"] == pytest.approx(0.375)
+    assert grpo["final_avg"]["std"] == pytest.approx(np.std([0.5, 0.25], ddof=1))
+    assert grpo["gain_avg"]["values"] == [0.25, 0.0]
+    assert drmas["gain_avg"]["mean"] == pytest.approx(0.375) and drmas["final_pass"]["mean"] == 1.0
+    assert (
+        grpo["grad"]["solver"]["spikes"]["mean"] == 2.0 and drmas["grad"]["solver"]["spikes"]["mean"] == 0.0
+    )
+    assert grpo["grad"]["solver"]["median"]["mean"] == 1.0 and grpo["grad"]["solver"]["max"]["std"] == 0.0
+    assert grpo["factor"]["verifier"]["mean"] == pytest.approx(1.5 + 0.055)
+    assert (
+        json.loads((out / "summary.json").read_text())["modes"]["grpo"]["grad"]["solver"]["spikes"]["mean"]
+        == 2
+    )
+    md = (out / "summary.md").read_text()
+    assert "| grpo | 0,1 | 0.375 ± 0.177 (k=4) | 0.625 ± 0.177 | 0.125 ± 0.177 |" in md
+    assert (
+        "| grpo | solver | 1.000 ± 0.000 | 6.800 ± 0.000 | 9.000 ± 0.000 | 2.0 ± 0.0 | 1.055 ± 0.000 |" in md
+    )
+    for name in ["reward.png", "grad_norm_solver.png", "grad_norm_verifier.png", "lemma_factor.png"]:
+        assert (out / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in md
+
+
+def test_report_errors(tmp_path, capsys):
+    assert main(["--runs", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "config.yaml not found" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no run folders"):
+        build_report([], tmp_path)
+
+
+def test_run_comparison_skips_finished_and_refuses_reserved_flags(tmp_path):
+    from mas_train.config import ConfigError
+
+    calls = []
+
+    def fake_train(cfg):
+        calls.append((cfg.advantage_mode, cfg.seed, cfg.resume))
+        run_dir = tmp_path / "cmp" / "runs" / cfg.run_name
+        write_fake_run(run_dir, mode=cfg.advantage_mode, seed=cfg.seed, steps=2, evals=((0, 0, 0), (2, 1, 1)))
+        (run_dir / "checkpoints" / "step-000002").mkdir(parents=True)
+        (run_dir / "checkpoints" / "step-000002" / "trainer_state.pt").write_bytes(b"")
+        return {"run_dir": str(run_dir)}
+
+    flags = ["--env", "math-2agent", "--max_steps", "2", "--eval_steps", "2"]
+    dirs, trained = run_comparison(
+        flags, ["drmas", "grpo"], [0], tmp_path / "cmp", train_fn=fake_train, log=str
+    )
+    assert calls == [("drmas", 0, None), ("grpo", 0, None)] and trained == dirs
+    assert [d.name for d in dirs] == ["drmas__seed0", "grpo__seed0"]
+    assert all(is_finished(d, 2, True) for d in dirs) and not is_finished(dirs[0], 3, True)
+    _, trained = run_comparison(flags, ["drmas", "grpo"], [0], tmp_path / "cmp", train_fn=fake_train, log=str)
+    assert trained == [] and len(calls) == 2
+    with pytest.raises(ConfigError, match="sets --seed itself"):
+        run_comparison([*flags, "--seed", "1"], ["drmas"], [0], tmp_path / "x", train_fn=fake_train)
+
+
+@pytest.mark.slow  # ~65 s on 2 cores (two tiny trainings); the fake-train_fn test above covers the loop
+def test_tiny_end_to_end_two_modes_then_rerun_trains_nothing(tmp_path, tiny_qwen3_path, monkeypatch, capsys):
+    import mas_train.compare as compare
+
+    argv = ["--out", str(tmp_path), "--modes", "drmas,grpo", "--seeds", "0"]
+    argv += ["--env", "math-2agent", "--model", "tiny-qwen3", "--max_steps", "1", "--num_generations", "2"]
+    argv += ["--tasks_per_step", "1", "--sampling.max_new_tokens", "8", "--eval_sampling.max_new_tokens", "8"]
+    argv += ["--eval_num_tasks", "1", "--eval_k", "1", "--eval_steps", "1", "--report_to", "jsonl"]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert sorted(summary["modes"]) == ["drmas", "grpo"]
+    assert summary["modes"]["grpo"]["k"] == 1
+    assert (tmp_path / "summary.md").is_file() and (tmp_path / "reward.png").stat().st_size > 5000
+    assert any(p.name.startswith("grad_norm_") for p in tmp_path.glob("*.png"))
+    calls = []
+    monkeypatch.setattr(compare, "train_one", lambda cfg: calls.append(cfg) or {})
+    assert main(argv) == 0
+    assert calls == [] and "finished; not re-run" in capsys.readouterr().out

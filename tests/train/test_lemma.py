@@ -1,0 +1,145 @@
+"""Lemma 4.2: the live factor on a hand-computed batch, and the numerical check of the lemma itself."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mas_train.advantages import lemma_factors, lemma_metrics
+from mas_train.lemma import Kind, LemmaSetup, measure, predict, sweep_setup
+
+# Three task groups; no penalties, so a turn's score is its trajectory's R.
+# task A: R = [1, 0, 1, 0]; solver once in each, verifier in trajectories 1 and 3 (scores [1, 1]).
+# task B: R = [1, 0, 0, 0]; solver once in each, verifier twice in trajectory 1 and once in trajectory 2
+#         (scores [1, 1, 0]).
+# task C: R = [0, 0]; solver once in each, verifier once in trajectory 1: sigma = 0, undefined.
+ROWS = [
+    ("A", "t1", "solver", 1.0),
+    ("A", "t1", "verifier", 1.0),
+    ("A", "t2", "solver", 0.0),
+    ("A", "t3", "solver", 1.0),
+    ("A", "t3", "verifier", 1.0),
+    ("A", "t4", "solver", 0.0),
+    ("B", "t1", "solver", 1.0),
+    ("B", "t1", "verifier", 1.0),
+    ("B", "t1", "verifier", 1.0),
+    ("B", "t2", "solver", 0.0),
+    ("B", "t2", "verifier", 0.0),
+    ("B", "t3", "solver", 0.0),
+    ("B", "t4", "solver", 0.0),
+    ("C", "t1", "solver", 0.0),
+    ("C", "t1", "verifier", 0.0),
+    ("C", "t2", "solver", 0.0),
+]
+GROUPS, TRAJS, AGENTS, SCORES = (list(c) for c in zip(*ROWS, strict=True))
+
+
+def test_lemma_factor_hand_computed_batch():
+    st = lemma_factors(SCORES, GROUPS, TRAJS, AGENTS)
+    assert list(st) == ["solver", "verifier"]
+    sv, ve = st["solver"], st["verifier"]
+    # A: mu = 0.5, sigma = 0.5. B: mu = 1/4, sigma^2 = 3/16. C: sigma = 0 -> left out.
+    # solver acts once per trajectory: mu_k = mu, sigma_k = sigma -> factor 1 in A and B.
+    assert sv.groups == 3 and sv.defined_frac == pytest.approx(2 / 3)
+    assert sv.factor == pytest.approx(1.0, abs=1e-12)
+    assert sv.mu_k == pytest.approx((0.5 + 0.25) / 2)
+    assert sv.sigma_k == pytest.approx((0.5 + math.sqrt(3) / 4) / 2)
+    assert sv.mu == pytest.approx(0.375) and sv.sigma == pytest.approx(sv.sigma_k)
+    # verifier A: mu_k = 1, sigma_k = 0 -> (0 + 0.5^2) / 0.25 = 1.
+    # verifier B: [1, 1, 0]: mu_k = 2/3, sigma_k^2 = 2/9 -> (2/9 + (2/3 - 1/4)^2) / (3/16) = 19/9.
+    assert ve.groups == 3 and ve.defined_frac == pytest.approx(2 / 3)
+    assert ve.factor == pytest.approx((1 + 19 / 9) / 2, abs=1e-12)
+    assert ve.mu_k == pytest.approx((1 + 2 / 3) / 2)
+    assert ve.sigma_k == pytest.approx(math.sqrt(2) / 3 / 2)
+    assert ve.mu == pytest.approx(0.375)
+    assert ve.sigma == pytest.approx((0.5 + math.sqrt(3) / 4) / 2)
+
+
+def test_lemma_metrics_names_and_undefined_agent():
+    # an agent that only acts in the sigma = 0 group has no factor: NaN, defined_frac 0
+    m = lemma_metrics(SCORES + [0.0], GROUPS + ["C"], TRAJS + ["t2"], AGENTS + ["judge"])
+    assert set(m) == {
+        f"lemma/{k}/{a}"
+        for k in ("factor", "mu_k", "sigma_k", "mu", "sigma", "defined_frac")
+        for a in ("solver", "verifier", "judge")
+    }
+    assert m["lemma/factor/verifier"] == pytest.approx(14 / 9)
+    assert math.isnan(m["lemma/factor/judge"]) and m["lemma/defined_frac/judge"] == 0.0
+
+
+def test_lemma_factor_trajectory_score_is_the_mean_of_its_turns():
+    # a penalised turn: t1 = solver 1.0, verifier 0.9 -> r1 = 0.95; t2 = 0, 0 -> mu = 0.475, sigma = 0.475
+    st = lemma_factors([1.0, 0.9, 0.0, 0.0], [0] * 4, [0, 0, 1, 1], ["s", "v", "s", "v"])
+    # solver: mu_k = 0.5, sigma_k = 0.5 -> (0.25 + 0.025^2) / 0.475^2
+    assert st["s"].factor == pytest.approx((0.25 + 0.025**2) / 0.475**2)
+    assert st["v"].factor == pytest.approx((0.45**2 + 0.025**2) / 0.475**2)
+
+
+def test_lemma_factor_rejects_bad_input():
+    with pytest.raises(ValueError, match="NaN/inf"):
+        lemma_factors([1.0, float("nan")], [0, 0], [0, 1], ["a", "a"])
+    with pytest.raises(ValueError, match="group_ids has 1 entries"):
+        lemma_factors([1.0, 0.0], [0], [0, 1], ["a", "a"])
+    assert lemma_factors([], [], [], []) == {}
+
+
+def test_sweep_setup_population_values_are_the_construction():
+    q, sb, m = 0.2, 0.5, 2.0
+    p = predict(sweep_setup(m, rare_prob=q, rare_std=sb))
+    ch = p["checker"]
+    assert ch.mu == pytest.approx(q * m) and ch.sigma == pytest.approx(1.0)
+    assert ch.mu_k == pytest.approx(m) and ch.sigma_k == pytest.approx(sb)
+    assert ch.deviation == pytest.approx((1 - q) * m)
+    assert ch.factor == pytest.approx(sb**2 + ((1 - q) * m) ** 2)
+    assert p["solver"].factor == pytest.approx(1.0)
+    # E||z||^2 = 1 - ||pi||^2 for logits (1, 0)
+    pi = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()
+    assert ch.z2 == pytest.approx(1 - pi @ pi)
+    with pytest.raises(ValueError, match="too large"):
+        sweep_setup(3.0)
+
+
+def test_score_function_is_the_autograd_gradient_of_log_softmax():
+    # the experiment uses ||z||^2 = ||e_a - pi||^2 = 1 - 2 pi_a + ||pi||^2 in closed form; check it with torch
+    theta = torch.tensor([0.5, -0.5, 0.0, 1.5], dtype=torch.float64, requires_grad=True)
+    pi = torch.softmax(theta, 0).detach().numpy()
+    for a in range(4):
+        (g,) = torch.autograd.grad(torch.log_softmax(theta, 0)[a], theta)
+        assert float(g @ g) == pytest.approx(1 - 2 * pi[a] + pi @ pi, rel=1e-12)
+
+
+@pytest.mark.parametrize("shift", [0.0, 1.25, 2.2])
+def test_lemma_42_second_moment_matches_prediction(shift):
+    """Monte Carlo E||g_k||^2 is within 10 % of E||z||^2 * factor (global) and of E||z||^2 (Dr. MAS, eq. 6)."""
+    setup = sweep_setup(shift)
+    pred = predict(setup)
+    meas = measure(setup, 60_000, seed=7)
+    for agent in setup.agents:
+        p, m = pred[agent], meas[agent]
+        assert m.g2["grpo"] == pytest.approx(p.z2 * p.factor, rel=0.10), agent
+        assert m.g2["drmas"] == pytest.approx(p.z2, rel=0.10), agent
+        # Delta_k is sampling noise only: actions are drawn independently of the reward
+        assert abs(m.delta["grpo"]) < 0.03 * m.g2["grpo"], agent
+    # the construction does inflate: at the largest shift the checker's factor is 0.25 + 1.76^2 = 3.35
+    if shift == 2.2:
+        assert meas["checker"].g2["grpo"] / pred["checker"].z2 > 3.0
+
+
+def test_reward_that_depends_on_the_action_makes_delta_count():
+    # agent 0's rarest action earns a bonus: ||z||^2 (largest for that action) and A^2 are correlated
+    setup = sweep_setup(0.0)
+    m = measure(setup, 40_000, seed=3, action_bonus=2.0)["solver"]
+    without_delta = m.z2 * m.a2["grpo"]
+    assert m.delta["grpo"] > 0.2 * m.g2["grpo"]
+    assert without_delta < 0.9 * m.g2["grpo"]  # the lemma's first term alone misses by > 10 %
+    assert without_delta + m.delta["grpo"] == pytest.approx(m.g2["grpo"], rel=1e-9)
+
+
+def test_setup_validation():
+    with pytest.raises(ValueError, match="sum to 1"):
+        LemmaSetup(("a",), ((0.0, 1.0),), (Kind(0.5, 0.0, 1.0, (1,)),))
+    with pytest.raises(ValueError, match="never acts"):
+        LemmaSetup(("a", "b"), ((0.0,), (0.0,)), (Kind(1.0, 0.0, 1.0, (1, 0)),))
