@@ -1,11 +1,12 @@
-"""``openai`` backend: a frozen agent served by any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp, a hosted API).
+"""``openai`` backend: a frozen agent on an OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp, hosted APIs).
 
 The agent's turns go through the official ``openai`` client to ``/chat/completions`` (default: the server
-applies its own chat template to the env's messages) or ``/completions`` (the prompt ids the collector rendered
-with the group's tokenizer, decoded back to text). Its text goes to the env like any agent's; its turns are
-never trained on: a remote server gives no token ids or sampling logprobs of *our* policy, so the returned
-``completion_ids`` are the local tokenizer's encoding of the reply text (for logging and lengths only),
-``logprobs`` are zeros, ``meta["trainable"]`` is ``False`` and :attr:`OpenAIBackend.can_train` is ``False``.
+applies its own chat template to the env's messages) or ``/completions`` (the prompt ids the collector
+rendered with the group's tokenizer, decoded back to text). Its text goes to the env like any agent's; its
+turns are never trained on: a remote server gives no token ids or sampling logprobs of *our* policy, so the
+returned ``completion_ids`` are the local tokenizer's encoding of the reply text (for logging and lengths
+only), ``logprobs`` are zeros, ``meta["trainable"]`` is ``False`` and :attr:`OpenAIBackend.can_train` is
+``False``.
 
 Reliability rules:
 
@@ -15,13 +16,14 @@ Reliability rules:
 * A server that is still unreachable, timing out or failing after the retries, or that rejects the request
   (401 key, 404 model/route, 400 a parameter), raises :class:`OpenAIBackendError` naming ``base_url``: that is
   a configuration problem, not something to train through.
-* A reply that arrives but is malformed (not JSON, no ``choices``, no text content) becomes an empty completion
-  (``meta["error"]`` says why), counted in ``usage["errors"]`` and logged as a warning. Every env treats the
-  empty action as an invalid action, so the run goes on and the failure shows in the metrics.
+* A reply that arrives but is malformed (not JSON, no ``choices``, no text content) becomes an empty
+  completion (``meta["error"]`` says why), counted in ``usage["errors"]`` and logged as a warning. Every env
+  treats the empty action as an invalid action, so the run goes on and the failure shows in the metrics.
 
 The API key is read from the environment variable named by ``OpenAIOptions.api_key_env`` when the backend is
-built and handed to the client only: it is not stored on the backend, in its options, its repr or any error
-message (server messages are scrubbed of it before they are raised or logged).
+built and handed to the client only (which sends it as ``Authorization: Bearer``): it is not in the options,
+the backend's repr, any error or log message of this module (server messages are scrubbed of it), and the
+backend refuses to be pickled.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class OpenAIOptions:
     """Where and how a frozen agent's endpoint is called.
 
     Attributes:
-        base_url: the server's OpenAI API root, e.g. ``http://127.0.0.1:8000/v1`` or ``https://api.openai.com/v1``.
+        base_url: the server's OpenAI API root, e.g. ``http://127.0.0.1:8000/v1`` or
+            ``https://api.openai.com/v1``.
         model: the model name the server serves (the request's ``model`` field).
         api_key_env: name of the environment variable holding the API key (sent as ``Authorization: Bearer``);
             ``None`` for a server without authentication (no header is sent).
@@ -148,7 +151,7 @@ class OpenAIBackend:
         )
         # the client only accepts an omitted Authorization header per request
         self._extra_headers = None if key else {"Authorization": openai.omit}
-        self._secrets = (key,) if key else ()
+        self._has_key = key is not None
         self._pool = ThreadPoolExecutor(
             max_workers=options.max_concurrency, thread_name_prefix="openai-backend"
         )
@@ -158,6 +161,7 @@ class OpenAIBackend:
 
     @property
     def wants_messages(self) -> bool:
+        """Whether the collector must pass chat messages (:meth:`generate_messages`): the chat endpoint."""
         return self.options.endpoint == "chat"
 
     @property
@@ -209,9 +213,9 @@ class OpenAIBackend:
         """
         if self.options.endpoint != "completions":
             raise ValueError(
-                f"openai backend for {self.options.base_url} uses endpoint='chat', which takes chat messages: "
-                "call generate_messages(messages, sampling), or set endpoint='completions' to send rendered "
-                "prompt ids"
+                f"openai backend for {self.options.base_url} uses endpoint='chat', which takes chat "
+                "messages: call generate_messages(messages, sampling), or set endpoint='completions' to send "
+                "rendered prompt ids"
             )
         prompts = [list(map(int, p)) for p in prompt_ids]
         for i, p in enumerate(prompts):
@@ -235,12 +239,12 @@ class OpenAIBackend:
                 rejects the request), ``seed`` and ``stop`` as themselves.
 
         Returns:
-            N :class:`GenerationOutput` in order: ``completion_ids`` the local tokenizer's encoding of the reply
-            text (``add_special_tokens=False``; its length may exceed ``max_new_tokens``, which the *server's*
-            tokenizer counts), ``logprobs`` zeros, ``finish_reason`` ``"length"`` when the server says so, else
-            ``"stop"``, ``stop_string`` the stop string that ended it, kept at the end of the text as other
-            backends do; ``meta`` holds ``text`` (the exact text for the env), ``trainable: False``,
-            ``server_finish_reason`` and, for a malformed reply, ``error``.
+            N :class:`GenerationOutput` in order: ``completion_ids`` the local tokenizer's encoding of the
+            reply text (``add_special_tokens=False``; its length may exceed ``max_new_tokens``, which the
+            *server's* tokenizer counts), ``logprobs`` zeros, ``finish_reason`` ``"length"`` when the server
+            says so, else ``"stop"``, ``stop_string`` the stop string that ended it, kept at the end of the
+            text as other backends do; ``meta`` holds ``text`` (the exact text for the env),
+            ``trainable: False``, ``server_finish_reason`` and, for a malformed reply, ``error``.
 
         Raises:
             ValueError: ``endpoint="completions"`` (use :meth:`generate`), or ``len(sampling) != N``.
@@ -261,7 +265,8 @@ class OpenAIBackend:
         """Always raises: the endpoint's weights are not ours to change.
 
         Raises:
-            RuntimeError: always (a frozen agent has no weight sync; mark its agent or group ``trainable: false``).
+            RuntimeError: always (a frozen agent has no weight sync; mark its agent or group
+                ``trainable: false``).
         """
         raise RuntimeError(
             f"openai backend for {self.options.base_url} serves a frozen agent: it has no weight sync. "
@@ -306,8 +311,8 @@ class OpenAIBackend:
             raise
 
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
+        if self._has_key and self._client.api_key:
+            text = text.replace(self._client.api_key, "***")
         return text
 
     def _fail(self, what: str) -> OpenAIBackendError:
@@ -360,7 +365,7 @@ class OpenAIBackend:
                 hint += f" (after {o.max_retries} retries)"
             failure = f"HTTP {status}, {hint}: {err.message}"
         if failure is not None:
-            # Raised outside the handler, so the client's exception (whose text quotes the server's reply, which
+            # Raised outside the handler, so the client's exception (its text quotes the server's reply, which
             # may echo the key) is not chained as __context__; the message is scrubbed.
             raise self._fail(failure)
         try:

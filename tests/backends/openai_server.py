@@ -8,8 +8,9 @@ The "model" is a deterministic word model: it answers with ``max_tokens`` words 
 of the seed when ``temperature > 0``. Stop strings are honoured as OpenAI does: the text is cut *before* the
 first stop string (the stop string is not returned) and ``finish_reason`` is ``"stop"``; with
 ``report_stop=True`` the choice also names the matched stop as vLLM (``stop_reason``) and SGLang
-(``matched_stop``) do; ``honour_stop=False`` ignores them, as some servers do. Usage counts words: ``prompt_tokens`` = words of the prompt text (chat: of every
-message's content), ``completion_tokens`` = words of the returned text.
+(``matched_stop``) do; ``honour_stop=False`` ignores them, as some servers do. Usage counts words:
+``prompt_tokens`` = words of the prompt text (chat: of every message's content), ``completion_tokens`` =
+words of the returned text.
 
 Tests change behaviour per request with :meth:`OpenAITestServer.push` (a FIFO of one-shot actions: an HTTP
 status, a sleep, a raw body) or for every request with ``reply`` (a function of the request body returning the

@@ -126,7 +126,7 @@ def test_stop_string_reported_by_server_is_kept(tok):
 
 
 def test_closing_tag_stop_restored_when_server_does_not_say(tok):
-    # OpenAI style: the stop string is cut off and not reported; an open <verify> can only close with </verify>
+    # OpenAI style: the stop string is cut off and not reported; an open <verify> only closes with </verify>
     with OpenAITestServer(reply=lambda b: "<verify>yes</verify> and more") as srv:
         backend = _backend(srv, tok)
         tagged = backend.generate_messages([_user("go")], SamplingParams(stop=("</verify>",)))[0]
