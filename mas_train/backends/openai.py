@@ -243,8 +243,9 @@ class OpenAIBackend:
             reply text (``add_special_tokens=False``; its length may exceed ``max_new_tokens``, which the
             *server's* tokenizer counts), ``logprobs`` zeros, ``finish_reason`` ``"length"`` when the server
             says so, else ``"stop"``, ``stop_string`` the stop string that ended it, kept at the end of the
-            text as other backends do; ``meta`` holds ``text`` (the exact text for the env),
-            ``trainable: False``, ``server_finish_reason`` and, for a malformed reply, ``error``.
+            text as other backends do; ``meta`` holds ``env_text`` (the exact text for the env: the local
+            ids need not decode back to it), ``trainable: False``, ``server_finish_reason`` and, for a
+            malformed reply, ``error``.
 
         Raises:
             ValueError: ``endpoint="completions"`` (use :meth:`generate`), or ``len(sampling) != N``.
@@ -385,7 +386,7 @@ class OpenAIBackend:
             with self._lock:
                 self._usage["errors"] += 1
             return GenerationOutput(
-                [], [], "stop", self.weight_version, meta={"trainable": False, "text": "", "error": msg}
+                [], [], "stop", self.weight_version, meta={"trainable": False, "env_text": "", "error": msg}
             )
         finish: FinishReason = "length" if server_finish == "length" else "stop"
         text, stop_string, finished_by_stop = self._apply_stops(text, sp.stop, server_finish, reported_stop)
@@ -403,7 +404,7 @@ class OpenAIBackend:
             finish_reason=finish,
             weight_version=self.weight_version,
             stop_string=stop_string,
-            meta={"trainable": False, "text": text, "server_finish_reason": server_finish},
+            meta={"trainable": False, "env_text": text, "server_finish_reason": server_finish},
         )
 
     def _read(self, resp: Any) -> tuple[str, str | None, Any, tuple[int, int]]:

@@ -64,7 +64,7 @@ def test_chat_round_trip_wire_format_and_usage(server, tok):
     }
     assert "authorization" not in server.requests[0].headers  # api_key_env=None: no header at all
     for out in outs:
-        text = out.meta["text"]
+        text = out.meta["env_text"]
         assert _words(text) == 4 and all(w in WORDS for w in (" " + x for x in text.split()))
         assert (
             out.completion_ids == tok.encode(text, add_special_tokens=False) and len(out.completion_ids) == 4
@@ -120,7 +120,9 @@ def test_stop_string_reported_by_server_is_kept(tok):
         out = backend.generate_messages([_user("go")], SamplingParams(stop=(" dog", "</answer>")))[0]
         assert srv.requests[0].body["stop"] == [" dog", "</answer>"]
     assert (
-        out.meta["text"] == " the cat sat dog" and out.stop_string == " dog" and out.finish_reason == "stop"
+        out.meta["env_text"] == " the cat sat dog"
+        and out.stop_string == " dog"
+        and out.finish_reason == "stop"
     )
     assert out.completion_ids == tok.encode(" the cat sat dog", add_special_tokens=False)
 
@@ -131,9 +133,9 @@ def test_closing_tag_stop_restored_when_server_does_not_say(tok):
         backend = _backend(srv, tok)
         tagged = backend.generate_messages([_user("go")], SamplingParams(stop=("</verify>",)))[0]
         plain = backend.generate_messages([_user("go")], SamplingParams(stop=(" and",)))[0]
-    assert tagged.meta["text"] == "<verify>yes</verify>" and tagged.stop_string == "</verify>"
+    assert tagged.meta["env_text"] == "<verify>yes</verify>" and tagged.stop_string == "</verify>"
     # a plain stop the server does not name cannot be told from the model's end of turn: text as returned
-    assert plain.meta["text"] == "<verify>yes</verify>" and plain.stop_string is None
+    assert plain.meta["env_text"] == "<verify>yes</verify>" and plain.stop_string is None
     assert plain.finish_reason == "stop"
 
 
@@ -143,7 +145,7 @@ def test_stop_cut_locally_when_server_ignores_it(tok):
     ) as srv:
         out = _backend(srv, tok).generate_messages([_user("go")], SamplingParams(stop=(" on", "cat s")))[0]
     # "cat s" is completed (ends) before " on" starts: the earliest completed stop wins, and it is kept
-    assert out.meta["text"] == " the cat s" and out.stop_string == "cat s" and out.finish_reason == "stop"
+    assert out.meta["env_text"] == " the cat s" and out.stop_string == "cat s" and out.finish_reason == "stop"
 
 
 # -- retries, timeouts, dead servers -------------------------------------------------------------------------
@@ -217,7 +219,7 @@ def test_malformed_reply_is_an_empty_completion(server, tok, caplog, action, why
         bad, good = backend.generate_messages(
             [_user("one"), _user("two")], SamplingParams(max_new_tokens=3, temperature=0.0)
         )
-    assert bad.completion_ids == [] and bad.logprobs == [] and bad.meta["text"] == ""
+    assert bad.completion_ids == [] and bad.logprobs == [] and bad.meta["env_text"] == ""
     assert bad.finish_reason == "stop" and why in bad.meta["error"] and bad.meta["trainable"] is False
     assert len(good.completion_ids) == 3  # the rest of the batch is unaffected
     assert backend.usage["errors"] == 1 and backend.usage["requests"] == 1
@@ -233,7 +235,7 @@ def test_concurrency_limit_and_order(tok):
         backend = _backend(srv, tok, max_concurrency=3)
         outs = backend.generate_messages([_user(f"n{i}") for i in range(9)], SamplingParams())
         assert srv.max_in_flight == 3
-        assert [o.meta["text"] for o in outs] == [f"echo n{i}" for i in range(9)]
+        assert [o.meta["env_text"] for o in outs] == [f"echo n{i}" for i in range(9)]
         one = _backend(srv, tok, max_concurrency=1)
         srv.max_in_flight = 0
         one.generate_messages([_user(f"n{i}") for i in range(3)], SamplingParams())
