@@ -100,6 +100,14 @@ class _Malformed(Exception):
     """A reply arrived but cannot be read as a completion."""
 
 
+def _count(usage: Any, name: str) -> int:
+    """A token count from a reply's ``usage``; 0 when the server sends none or garbage (only logged)."""
+    try:
+        return max(int(getattr(usage, name, 0) or 0), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 class OpenAIBackend:
     """A frozen agent behind an OpenAI-compatible endpoint; implements :class:`GenerationBackend`.
 
@@ -373,6 +381,8 @@ class OpenAIBackend:
             return raw.parse(), int(getattr(raw, "retries_taken", 0))
         except ValueError as err:  # a JSON content-type with a body that is not JSON (JSONDecodeError)
             raise _Malformed(f"reply is not valid JSON ({err})") from None
+        except TypeError as err:  # JSON the client cannot even loosely build a completion from
+            raise _Malformed(f"reply has an unexpected shape ({err})") from None
 
     def _one(self, payload: Any, sp: SamplingParams) -> GenerationOutput:
         try:
@@ -409,6 +419,13 @@ class OpenAIBackend:
 
     def _read(self, resp: Any) -> tuple[str, str | None, Any, tuple[int, int]]:
         """(text, server finish_reason, the stop the server says matched, (prompt, completion) tokens)."""
+        try:
+            return self._read_fields(resp)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:
+            # the client builds replies without validation, so any JSON arrives here in some shape
+            raise _Malformed(f"reply has an unexpected shape ({type(err).__name__}: {err})") from None
+
+    def _read_fields(self, resp: Any) -> tuple[str, str | None, Any, tuple[int, int]]:
         if isinstance(resp, str):  # the client returns the body as text when it is not declared JSON
             raise _Malformed(f"reply is not JSON: {resp[:200]!r}")
         choices = getattr(resp, "choices", None)
@@ -425,10 +442,7 @@ class OpenAIBackend:
         # vLLM reports the matched stop string as stop_reason, SGLang as matched_stop; OpenAI reports none
         reported = extra.get("stop_reason", extra.get("matched_stop"))
         usage = getattr(resp, "usage", None)
-        counts = (
-            int(getattr(usage, "prompt_tokens", 0) or 0),
-            int(getattr(usage, "completion_tokens", 0) or 0),
-        )
+        counts = (_count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
         finish = getattr(choice, "finish_reason", None)
         return text, (str(finish) if finish is not None else None), reported, counts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import socket
@@ -206,6 +207,9 @@ def test_dead_server_raises_naming_base_url(tok):
         (Action(body=b"{not json", content_type="application/json"), "not valid JSON"),
         (Action(body=b"<html>gateway</html>", content_type="text/html"), "not JSON"),
         (Action(body=b'{"id": "x", "object": "chat.completion", "choices": []}'), "no choices"),
+        (Action(body=b"[1, 2]"), "no choices"),
+        (Action(body=b'{"choices": {"first": 1}}'), "unexpected shape (KeyError"),
+        (Action(body=b'{"choices": [{"message": "ok"}]}'), "no text content"),
         (
             Action(body=b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": null}}]}'),
             "no text content",
@@ -227,6 +231,22 @@ def test_malformed_reply_is_an_empty_completion(server, tok, caplog, action, why
 
 
 # -- concurrency ---------------------------------------------------------------------------------------------
+
+
+def test_garbage_usage_counts_zero_but_keeps_the_reply(server, tok):
+    reply = {"role": "assistant", "content": " the cat"}
+    body = {"choices": [{"message": reply, "finish_reason": "stop"}], "usage": {"prompt_tokens": "many"}}
+    server.push(Action(body=json.dumps(body).encode()))
+    backend = _backend(server, tok)
+    out = backend.generate_messages([_user("hi")], SamplingParams())[0]
+    assert out.meta["env_text"] == " the cat" and out.finish_reason == "stop"
+    assert backend.usage == {
+        "requests": 1,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "retries": 0,
+        "errors": 0,
+    }
 
 
 def test_concurrency_limit_and_order(tok):
