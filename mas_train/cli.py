@@ -12,7 +12,6 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -100,132 +99,37 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 # ================================================================================================================
 
 
-def build_eval_parser() -> argparse.ArgumentParser:
-    from mas_train import config as C
-
-    p = argparse.ArgumentParser(
-        prog="mas-eval",
-        description="Evaluate a checkpoint, a run's initial weights or a model on a benchmark: avg@k and pass@k "
-        "per data source, on the same evaluation path (sampling rule and seeds) as training.",
-        epilog=(
-            "Examples:\n  mas-eval --checkpoint runs/<run>/checkpoints/step-000020 --data gsm8k-test --k 4\n"
-            "  mas-eval --checkpoint runs/<run> --initial        # the run's agents and settings, initial weights\n"
-            "  mas-eval --model smollm2-135m-instruct --env math-2agent --data math500 --num_tasks 50\n"
-            "Add --debug to see the traceback of an error."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument(
-        "--checkpoint",
-        help="A checkpoint folder (runs/<run>/checkpoints/step-N), a run folder (its newest checkpoint) or 'latest'; "
-        "its agents, model groups, env settings and trained weights are used.",
-    )
-    src.add_argument(
-        "--model",
-        help=f"Model for every agent: builtin alias, local folder or hub id (default: {C.DEFAULT_MODEL}).",
-    )
-    p.add_argument(
-        "--initial",
-        action="store_true",
-        help="With --checkpoint: evaluate the run's configuration with its initial weights (before training).",
-    )
-    p.add_argument(
-        "--env", default=None, help=f"Environment id (default: the checkpoint's, else {C.DEFAULT_ENV})."
-    )
-    p.add_argument(
-        "--data",
-        default=None,
-        help="Benchmark: a bundled set name (gsm8k-test, math500, ...), a .jsonl/.json/.parquet path or a "
-        "procedural spec (default: the run's eval_data, else the env's evaluation set).",
-    )
-    p.add_argument(
-        "--data_fields",
-        default=None,
-        help="Column renames for a custom file, task field -> column (e.g. question=problem,answer=solution).",
-    )
-    p.add_argument("--k", type=int, default=C.DEFAULT_EVAL_K, help="Episodes per task (avg@k, pass@k).")
-    p.add_argument(
-        "--num_tasks", type=int, default=None, help="Evaluate only the first N tasks (default: all)."
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help=f"Sampling temperature (default: the run's eval_sampling, else {C.DEFAULT_EVAL_TEMPERATURE}).",
-    )
-    p.add_argument(
-        "--top_p", type=float, default=None, help="Nucleus sampling mass (default: as temperature)."
-    )
-    p.add_argument(
-        "--max_new_tokens", type=int, default=None, help="Tokens per agent turn (default: the run's)."
-    )
-    p.add_argument("--tasks_per_batch", type=int, default=8, help="Tasks rolled out together (memory bound).")
-    p.add_argument("--seed", type=int, default=None, help="Sampling seed (default: the run's seed, else 0).")
-    p.add_argument("--output_dir", default="runs", help="Where 'latest' checkpoints are searched.")
-    p.add_argument("--output", default=None, help="Also write the metrics as JSON to this file.")
-    return p
-
-
-def _check_eval_args(ns: argparse.Namespace) -> None:
-    from mas_train.config import ConfigError
-
-    for name, minimum in (("k", 1), ("num_tasks", 1), ("tasks_per_batch", 1), ("max_new_tokens", 1)):
-        v = getattr(ns, name)
-        if v is not None and v < minimum:
-            raise ConfigError(f"--{name} must be >= {minimum}, got {v}")
-    if ns.initial and not ns.checkpoint:
-        raise ConfigError("--initial needs --checkpoint (the run whose initial configuration to evaluate)")
-
-
-def _eval_config(ns: argparse.Namespace):
-    """The run configuration ``mas-eval`` evaluates, and the checkpoint whose weights it loads (or None)."""
+def _eval_config(ev):
+    """The run configuration ``mas-eval`` evaluates (a :class:`~mas_train.config.TrainConfig`), the checkpoint
+    whose weights it loads (``None``: initial weights) and the checkpoint named (for the label)."""
     from mas_train.checkpoint import find_checkpoint
-    from mas_train.config import ConfigError, TrainConfig, _parse_mapping
+    from mas_train.config import TrainConfig
 
-    if ns.checkpoint:
-        ckpt = find_checkpoint(ns.checkpoint, ns.output_dir)
+    if ev.checkpoint:
+        ckpt = find_checkpoint(ev.checkpoint, ev.output_dir)
         if not (ckpt / "config.yaml").is_file():
             raise FileNotFoundError(f"checkpoint {ckpt} has no config.yaml")
-        cfg = TrainConfig.from_yaml(ckpt / "config.yaml")
-        cfg = dataclasses.replace(cfg, resume=None)
-        if ns.env and ns.env != cfg.env:
-            cfg = dataclasses.replace(cfg, env=ns.env)
+        cfg = dataclasses.replace(TrainConfig.from_yaml(ckpt / "config.yaml"), resume=None)
     else:
         ckpt = None
-        base = TrainConfig()
-        cfg = TrainConfig(env=ns.env or base.env, model=ns.model or base.model)
-    if ns.seed is not None:
-        cfg = dataclasses.replace(cfg, seed=ns.seed)
-    if ns.data_fields:
-        cfg = dataclasses.replace(
-            cfg,
-            data_fields={str(k): str(v) for k, v in _parse_mapping(ns.data_fields, "--data_fields").items()},
-        )
-    if ns.max_new_tokens is not None:
-        cfg = dataclasses.replace(
-            cfg, sampling=dataclasses.replace(cfg.sampling, max_new_tokens=ns.max_new_tokens)
-        )
-        cfg = dataclasses.replace(
-            cfg,
-            agents={
-                a: dataclasses.replace(
-                    ac, sampling=dataclasses.replace(ac.sampling, max_new_tokens=ns.max_new_tokens)
-                )
-                if ac.sampling is not None
-                else ac
-                for a, ac in cfg.agents.items()
-            },
-        )
-    if ns.data:
-        cfg = dataclasses.replace(cfg, eval_data=ns.data)
-    if not isinstance(cfg, TrainConfig):  # pragma: no cover - dataclasses.replace keeps the type
-        raise ConfigError("internal: not a TrainConfig")
-    return cfg, (None if ns.initial else ckpt), ckpt
+        cfg = TrainConfig(model=ev.model or TrainConfig().model)
+    changes: dict[str, Any] = {}
+    if ev.env:
+        changes["env"] = ev.env
+    if ev.env_kwargs:
+        changes["env_kwargs"] = {**cfg.env_kwargs, **ev.env_kwargs}
+    if ev.seed is not None:
+        changes["seed"] = ev.seed
+    if ev.data_fields:
+        changes["data_fields"] = dict(ev.data_fields)
+    if ev.data:
+        changes["eval_data"] = ev.data
+    cfg = dataclasses.replace(cfg, **changes) if changes else cfg
+    return cfg, (None if ev.initial else ckpt), ckpt
 
 
-def run_eval(ns: argparse.Namespace, out=None) -> dict[str, float]:
-    """The body of ``mas-eval``: returns the metrics it printed.
+def run_eval(ev, out=None) -> dict[str, float]:
+    """The body of ``mas-eval`` for an :class:`~mas_train.config.EvalConfig`: returns the metrics it printed.
 
     Raises:
         ConfigError: bad arguments or settings (before any model is loaded).
@@ -240,8 +144,7 @@ def run_eval(ns: argparse.Namespace, out=None) -> dict[str, float]:
     from mas_train.tasks import NoEvalTasksError, eval_tasks
 
     out = out or sys.stdout
-    _check_eval_args(ns)
-    cfg, weights, ckpt = _eval_config(ns)
+    cfg, weights, ckpt = _eval_config(ev)
     factory = make_env_factory(cfg)
     probe = _probe_env(cfg, factory)
     resolved = cfg.resolve(list(probe.possible_agents))
@@ -255,15 +158,15 @@ def run_eval(ns: argparse.Namespace, out=None) -> dict[str, float]:
             )
     try:
         tasks = _load_tasks(
-            f"evaluation data {cfg.eval_data!r}", lambda: eval_tasks(cfg, probe, limit=ns.num_tasks)
+            f"evaluation data {cfg.eval_data!r}", lambda: eval_tasks(cfg, probe, limit=ev.num_tasks)
         )
     except NoEvalTasksError as err:
         from mas_train.config import ConfigError
 
         raise ConfigError(f"{err} (mas-eval: pass --data)") from None
-    label = str(ckpt) + (" (initial weights)" if ns.initial else "") if ckpt is not None else cfg.model
+    label = str(ckpt) + (" (initial weights)" if ev.initial else "") if ckpt is not None else cfg.model
     print(
-        f"mas-eval: {label} on {len(tasks)} tasks of {cfg.eval_data or 'the env eval set'}, k={ns.k}",
+        f"mas-eval: {label} on {len(tasks)} tasks of {cfg.eval_data or 'the env eval set'}, k={ev.k}",
         file=out,
     )
     _quiet_libraries()
@@ -286,9 +189,11 @@ def run_eval(ns: argparse.Namespace, out=None) -> dict[str, float]:
             metrics = evaluate(
                 collector,
                 tasks,
-                k=ns.k,
-                sampling=eval_sampling(resolved, temperature=ns.temperature, top_p=ns.top_p),
-                tasks_per_batch=ns.tasks_per_batch,
+                k=ev.k,
+                sampling=eval_sampling(
+                    resolved, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens
+                ),
+                tasks_per_batch=ev.tasks_per_batch,
                 progress=lambda done, total: bar.update(done - bar.n),
             )
         finally:
@@ -298,9 +203,9 @@ def run_eval(ns: argparse.Namespace, out=None) -> dict[str, float]:
         pool.shutdown()
     for key, v in metrics.items():
         print(f"  {key[5:]:<32} {v:.4f}", file=out)
-    if ns.output:
-        Path(ns.output).write_text(json.dumps(metrics, indent=1))
-        print(f"  written to {ns.output}", file=out)
+    if ev.output:
+        Path(ev.output).write_text(json.dumps(metrics, indent=1))
+        print(f"  written to {ev.output}", file=out)
     return metrics
 
 
@@ -308,7 +213,9 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     """``mas-eval``: evaluate a checkpoint or a model. Returns the exit code."""
 
     def body(args: list[str]) -> None:
-        run_eval(build_eval_parser().parse_args(args))
+        from mas_train.config import parse_eval_args
+
+        run_eval(parse_eval_args(args))
 
     return _run("mas-eval", list(sys.argv[1:] if argv is None else argv), body)
 

@@ -7,7 +7,8 @@ This is the one evaluation path: the trainer (before the first update, every ``e
 and ``mas-eval`` both call :func:`evaluate` with the sampling of :func:`eval_sampling` and the same seeds, so
 ``mas-eval --checkpoint`` on a run's last checkpoint reproduces the run's last evaluation. The sampling rule:
 every agent samples with its own training settings (``max_new_tokens``, its env's stop strings), at the
-evaluation ``temperature``, ``top_p`` and ``top_k`` of ``eval_sampling``. The seeds do not depend on the
+evaluation ``temperature``, ``top_p`` and ``top_k`` of ``eval_sampling`` (and its ``max_new_tokens`` when that is
+set). The seeds do not depend on the
 training step, so evaluations at different steps see the same random numbers (a paired comparison).
 """
 
@@ -27,12 +28,18 @@ __all__ = ["EVAL_SEED_STEP", "eval_sampling", "evaluate"]
 EVAL_SEED_STEP = -1
 
 
-def eval_sampling(resolved: Any, *, temperature: float | None = None, top_p: float | None = None) -> dict:
+def eval_sampling(
+    resolved: Any,
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+) -> dict:
     """Per-agent :class:`SamplingParams` for evaluation (the rule in the module docstring).
 
     Args:
         resolved: a :class:`~mas_train.config.ResolvedConfig`.
-        temperature, top_p: override ``eval_sampling``'s values (``mas-eval --temperature/--top_p``).
+        temperature, top_p, max_new_tokens: override ``eval_sampling``'s values (``mas-eval`` flags).
 
     Returns:
         ``{agent: SamplingParams}`` (no stop strings: the collector adds the env's).
@@ -48,6 +55,7 @@ def eval_sampling(resolved: Any, *, temperature: float | None = None, top_p: flo
             temperature=ev.temperature if temperature is None else temperature,
             top_p=ev.top_p if top_p is None else top_p,
             top_k=max(ev.top_k, 0),
+            max_new_tokens=max_new_tokens or ev.max_new_tokens or own.max_new_tokens,
         )
     return out
 

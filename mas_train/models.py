@@ -44,6 +44,7 @@ __all__ = [
     "cache_dir",
     "convert_smollm2",
     "load_model_and_tokenizer",
+    "load_tokenizer",
     "resolve_model_path",
 ]
 
@@ -364,25 +365,46 @@ def load_model_and_tokenizer(
         ImportError: a builtin's package is missing (message has the pip line).
         OSError: the model is neither a local folder nor in the local HF cache; the message says what to do.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    tokenizer = load_tokenizer(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_as_dtype(dtype))
+    except OSError as err:
+        raise _not_found(name_or_path, err) from err
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _not_found(name_or_path: str | os.PathLike, err: OSError) -> OSError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
+        "TRANSFORMERS_OFFLINE", ""
+    ) not in ("", "0")
+    return OSError(
+        f"could not load model {str(name_or_path)!r}: it is not a local model folder"
+        + (" and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set" if offline else "")
+        + f" ({err}). Use a builtin ({', '.join(BUILTIN_MODELS)}), pass a folder with config.json, or "
+        f"download it first where there is internet: `hf download {name_or_path}`."
+    )
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model (same forms as :func:`load_model_and_tokenizer`), with ``padding_side="left"``
+    and a pad token (the EOS token when the checkpoint has none).
+
+    Raises:
+        ImportError, OSError: as :func:`load_model_and_tokenizer`.
+    """
+    from transformers import AutoTokenizer
 
     path = resolve_model_path(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_as_dtype(dtype))
     except OSError as err:
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
-            "TRANSFORMERS_OFFLINE", ""
-        ) not in ("", "0")
-        raise OSError(
-            f"could not load model {str(name_or_path)!r}: it is not a local model folder"
-            + (" and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set" if offline else "")
-            + f" ({err}). Use a builtin ({', '.join(BUILTIN_MODELS)}), pass a folder with config.json, or "
-            f"download it first where there is internet: `hf download {name_or_path}`."
-        ) from err
+        raise _not_found(name_or_path, err) from err
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device)
-    model.eval()
-    return model, tokenizer
+    return tokenizer

@@ -26,13 +26,11 @@ class LocalPool:
 
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
-        micro_batch_size: forwarded to each :class:`~mas_train.worker.ModelGroupWorker`.
         train: forwarded to each worker (``False``: generation only, as ``mas-eval`` needs).
     """
 
-    def __init__(self, resolved: Any, *, micro_batch_size: int = 4, train: bool | None = None) -> None:
+    def __init__(self, resolved: Any, *, train: bool | None = None) -> None:
         self.resolved = resolved
-        self.micro_batch_size = micro_batch_size
         self.train = train
         self._workers: dict[str, Any] = {}
 
@@ -46,9 +44,7 @@ class LocalPool:
 
         for g in self.groups:
             if g not in self._workers:
-                self._workers[g] = ModelGroupWorker(
-                    self.resolved, g, micro_batch_size=self.micro_batch_size, train=self.train
-                )
+                self._workers[g] = ModelGroupWorker(self.resolved, g, train=self.train)
         return self
 
     def worker(self, group: str) -> Any:
@@ -73,7 +69,7 @@ class LocalPool:
         self._workers.clear()
 
 
-def make_pool(resolved: Any, *, micro_batch_size: int = 4) -> Any:
+def make_pool(resolved: Any) -> Any:
     """The pool ``resolved.config.pool`` names: ``local`` (:class:`LocalPool`) or ``ray``
     (:class:`~mas_train.ray_pool.RayPool`; Ray itself is imported only when it starts).
 
@@ -82,9 +78,9 @@ def make_pool(resolved: Any, *, micro_batch_size: int = 4) -> Any:
     """
     kind = resolved.config.pool
     if kind == "local":
-        return LocalPool(resolved, micro_batch_size=micro_batch_size)
+        return LocalPool(resolved)
     if kind == "ray":
         from mas_train.ray_pool import RayPool
 
-        return RayPool(resolved, micro_batch_size=micro_batch_size)
+        return RayPool(resolved)
     raise ValueError(f"unknown pool {kind!r}; use 'local' or 'ray'")

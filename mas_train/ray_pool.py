@@ -94,7 +94,7 @@ def _missing_resources(needed: dict[str, float], have: dict[str, float]) -> dict
 class _ModelGroupActor:
     """The Ray actor body: a :class:`~mas_train.worker.ModelGroupWorker` plus generic call/get."""
 
-    def __init__(self, resolved: Any, group: str, micro_batch_size: int, cwd: str, num_threads: int) -> None:
+    def __init__(self, resolved: Any, group: str, cwd: str, num_threads: int) -> None:
         import torch
 
         if os.path.isdir(cwd):
@@ -102,7 +102,7 @@ class _ModelGroupActor:
         torch.set_num_threads(num_threads)
         from mas_train.worker import ModelGroupWorker
 
-        self.worker = ModelGroupWorker(resolved, group, micro_batch_size=micro_batch_size)
+        self.worker = ModelGroupWorker(resolved, group)
 
     def info(self) -> dict[str, Any]:
         w = self.worker
@@ -185,7 +185,6 @@ class RayPool:
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig`; each group's ``num_cpus``/``num_gpus``
             is its bundle and its actor's reservation.
-        micro_batch_size: forwarded to each worker.
         strategy: placement strategy, one of ``PACK`` (default), ``SPREAD``, ``STRICT_PACK``, ``STRICT_SPREAD``.
         ready_timeout_s: seconds to wait for the placement group (default 120, ``MAS_RAY_READY_TIMEOUT``).
         start_timeout_s: seconds for every worker to load its model (default 1800, ``MAS_RAY_START_TIMEOUT``).
@@ -204,7 +203,6 @@ class RayPool:
         self,
         resolved: Any,
         *,
-        micro_batch_size: int = 8,
         strategy: str | None = None,
         ready_timeout_s: float | None = None,
         start_timeout_s: float | None = None,
@@ -213,7 +211,6 @@ class RayPool:
         init_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.resolved = resolved
-        self.micro_batch_size = micro_batch_size
         self.strategy = (strategy or os.environ.get("MAS_RAY_STRATEGY") or "PACK").upper()
         if self.strategy not in STRATEGIES:
             raise ValueError(f"placement strategy must be one of {STRATEGIES}, got {self.strategy!r}")
@@ -310,7 +307,7 @@ class RayPool:
                 ),
                 runtime_env={"env_vars": {**env_vars, "OMP_NUM_THREADS": str(threads)}},
                 name=f"mas-rl-{name}-{os.getpid()}-{id(self)}",
-            ).remote(self.resolved, name, self.micro_batch_size, os.getcwd(), threads)
+            ).remote(self.resolved, name, os.getcwd(), threads)
             self._actors.append(actor)
             refs[name] = (actor, actor.info.remote())
         for name, (actor, ref) in refs.items():

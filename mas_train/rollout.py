@@ -416,7 +416,13 @@ class RolloutCollector:
 
             for group, reqs in requests.items():
                 t0 = time.perf_counter()
-                outs = self.generators[group].generate([r[1].prompt_ids for r in reqs], [r[2] for r in reqs])
+                gen = self.generators[group]
+                if getattr(gen, "wants_messages", False):
+                    # a chat endpoint (the openai backend) applies its own template to the env's messages
+                    convs = [episodes[i].env.infos[p.agent]["messages"] for i, p, _ in reqs]
+                    outs = gen.generate_messages(convs, [r[2] for r in reqs])
+                else:
+                    outs = gen.generate([r[1].prompt_ids for r in reqs], [r[2] for r in reqs])
                 t_gen += time.perf_counter() - t0
                 calls[group] += 1
                 if len(outs) != len(reqs):
@@ -427,7 +433,10 @@ class RolloutCollector:
                 t0 = time.perf_counter()
                 for (i, pending, _sp), out in zip(reqs, outs, strict=True):
                     pending.output = out
-                    text = tok.decode(out.completion_ids, skip_special_tokens=True)
+                    # a backend that received text back (openai) gives it exactly: local ids may not decode to it
+                    text = (out.meta or {}).get("env_text")
+                    if text is None:
+                        text = tok.decode(out.completion_ids, skip_special_tokens=True)
                     episodes[i].step(pending.agent, text, pending)
                 t_env += time.perf_counter() - t0
 

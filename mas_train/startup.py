@@ -62,6 +62,8 @@ class RunPlan:
         eval_tasks: evaluation rows (already cut to ``eval_num_tasks``), or ``None`` when evaluation is off.
         checkpoint: the checkpoint to resume from, or ``None``.
         changes: settings changed on resume, dotted name -> (saved, now).
+        warnings: problems worth a line that do not stop the run (a retrieval server that does not answer
+            yet: it may still be loading its index).
     """
 
     config: Any
@@ -72,6 +74,7 @@ class RunPlan:
     eval_tasks: list[dict[str, Any]] | None
     checkpoint: Path | None = None
     changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def run_dir(self) -> Path:
@@ -220,7 +223,20 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
         eval_tasks=evals,
         checkpoint=ckpt,
         changes=changes,
+        warnings=[w for w in (_retriever_health(cfg),) if w],
     )
+
+
+def _retriever_health(cfg: Any) -> str | None:
+    """A warning when the env's ``retriever`` URL(s) do not answer (see ``retrieval_index.check_health``)."""
+    retriever = cfg.env_kwargs.get("retriever")
+    if retriever is None:
+        return None
+    try:
+        from retrieval_index import check_health
+    except ImportError:  # the search extra is not installed; the env reports that itself
+        return None
+    return check_health(retriever)
 
 
 def record_config(plan: RunPlan, step: int) -> None:

@@ -43,7 +43,6 @@ class MultiGroupTrainer:
         env_factory: zero-argument env constructor (default: ``mas_envs.make(config.env, **env kwargs)``).
         train_tasks: task rows (default: :func:`mas_train.tasks.train_tasks`).
         eval_tasks: evaluation rows (default: :func:`mas_train.tasks.eval_tasks`, read on first use).
-        micro_batch_size: samples per forward/backward in each group's update.
 
     Attributes:
         step: completed training steps.
@@ -60,7 +59,6 @@ class MultiGroupTrainer:
         env_factory: Callable[[], Any] | None = None,
         train_tasks: Sequence[Mapping[str, Any]] | None = None,
         eval_tasks: Sequence[Mapping[str, Any]] | None = None,
-        micro_batch_size: int = 4,
     ) -> None:
         from mas_train.pools import make_pool
         from mas_train.rollout import RolloutCollector
@@ -77,7 +75,7 @@ class MultiGroupTrainer:
             train_tasks = default_train_tasks(cfg, self._probe)
         self._eval_tasks = list(eval_tasks) if eval_tasks is not None else None
         self.sampler = TaskSampler(train_tasks, seed=cfg.seed)
-        self.pool = pool if pool is not None else make_pool(resolved, micro_batch_size=micro_batch_size)
+        self.pool = pool if pool is not None else make_pool(resolved)
         self.pool.start()
         self.groups = list(resolved.model_groups)
         if cfg.log_agent_grad_norms is None:
@@ -116,7 +114,7 @@ class MultiGroupTrainer:
         Returns:
             ``(metrics, extra)``: flat float metrics and JSON-able extras (``tasks``: the task ids of the step).
         """
-        from mas_train.advantages import compute_advantages_with_stats
+        from mas_train.advantages import compute_advantages_with_stats, lemma_metrics
         from mas_train.metrics import rollout_metrics
 
         cfg = self.cfg
@@ -130,21 +128,28 @@ class MultiGroupTrainer:
         metrics = rollout_metrics(batch, self.penalty)
         adv = np.zeros(0)
         if samples:
-            res = compute_advantages_with_stats(
+            columns = (
                 [s.score(self.penalty) for s in samples],
                 [s.task_uid for s in samples],
                 [s.traj_uid for s in samples],
                 [s.agent for s in samples],
-                mode=cfg.advantage_mode,
-                eps=cfg.advantage_eps,
-                scope=cfg.advantage_scope,
+            )
+            res = compute_advantages_with_stats(
+                *columns, mode=cfg.advantage_mode, eps=cfg.advantage_eps, scope=cfg.advantage_scope
             )
             adv = res.advantages
             metrics.update(res.metrics(prefix="charts/advantage"))
+            # Lemma 4.2's inflation factor of every agent, whatever advantage_mode trains (docs/training.md).
+            metrics.update(lemma_metrics(*columns))
         t_score = time.perf_counter() - t0
 
         t_update = t_sync = 0.0
         for g in self.groups:
+            if not self.resolved.model_groups[g].trainable:
+                # a frozen group acts and is logged, but its samples never reach a loss
+                for k, v in getattr(self.pool.worker(g), "usage", {}).items():
+                    metrics[f"charts/backend/{k}/{g}"] = float(v)
+                continue
             idx = [i for i, s in enumerate(samples) if s.model_group == g]
             if not idx:
                 # None of this group's agents acted (e.g. every episode ended before its turn): nothing to learn.
@@ -411,6 +416,8 @@ def train(
     )
     for k, (old, new) in plan.changes.items():
         print(f"  resumed with {k} changed: {old!r} -> {new!r}", file=out)
+    for w in plan.warnings:
+        print(f"  warning: {w}", file=out)
     out.flush()
 
     def say(msg: str) -> None:

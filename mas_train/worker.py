@@ -67,7 +67,6 @@ class ModelGroupWorker:
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
         group: name of the model group this worker trains.
-        micro_batch_size: samples per forward/backward in :meth:`update`.
         train: build the GRPO update (optimizer, scheduler). ``False`` for a group that only generates: a
             frozen group, or every group in ``mas-eval``. ``None``: the group's ``trainable`` setting.
 
@@ -78,9 +77,9 @@ class ModelGroupWorker:
         trains: whether :meth:`update` may be called.
     """
 
-    def __init__(self, resolved, group: str, *, micro_batch_size: int = 4, train: bool | None = None) -> None:
-        from mas_train.backends import make_backend
-        from mas_train.models import load_model_and_tokenizer, resolve_model_path
+    def __init__(self, resolved, group: str, *, train: bool | None = None) -> None:
+        from mas_train.backends import backend_kind, make_backend
+        from mas_train.models import load_model_and_tokenizer, load_tokenizer, resolve_model_path
 
         cfg = resolved.config
         g = resolved.model_groups[group]
@@ -89,14 +88,22 @@ class ModelGroupWorker:
         self.device = _device(cfg.device)
         self.trains = bool(getattr(g, "trainable", True)) if train is None else bool(train)
         self.model_path = resolve_model_path(g.model)
+        self.trainer: GroupGRPOTrainer | None = None
+        if not backend_kind(g.backend).can_train:
+            # A remote endpoint generates; the group's model only provides the tokenizer (prompt ids, lengths).
+            self.tokenizer = load_tokenizer(self.model_path)
+            self.model = None
+            self.num_parameters = 0
+            self.backend = make_backend(g, None, self.tokenizer)
+            self.updates = 0
+            return
         with hf_progress_bars_off():
             model, tok = load_model_and_tokenizer(
                 self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=self.device
             )
         self.tokenizer = tok
-        self.trainer: GroupGRPOTrainer | None = None
         if self.trains:
-            self.trainer = self._build_trainer(resolved, g, model, tok, micro_batch_size)
+            self.trainer = self._build_trainer(resolved, g, model, tok)
             self.model = self.trainer.model
         else:
             model.eval().requires_grad_(False)
@@ -105,7 +112,7 @@ class ModelGroupWorker:
         self.backend = make_backend(g, self.model, tok)
         self.updates = 0
 
-    def _build_trainer(self, resolved, g, model, tok, micro_batch_size: int) -> GroupGRPOTrainer:
+    def _build_trainer(self, resolved, g, model, tok) -> GroupGRPOTrainer:
         cfg = resolved.config
         samplings = [resolved.agents[a].sampling for a in self.agents]
         temps = {s.temperature for s in samplings}
@@ -131,7 +138,7 @@ class ModelGroupWorker:
             temperature=temperature,
             **kwargs,
         )
-        return GroupGRPOTrainer(model, tok, args, micro_batch_size=micro_batch_size)
+        return GroupGRPOTrainer(model, tok, args, micro_batch_size=g.micro_batch_size)
 
     def _unwrapped(self):
         return self.trainer.accelerator.unwrap_model(self.model) if self.trainer is not None else self.model
@@ -144,6 +151,20 @@ class ModelGroupWorker:
     def generate(self, prompt_ids, sampling):
         """The backend's ``generate`` (see :mod:`mas_train.backends.base`)."""
         return self.backend.generate(prompt_ids, sampling)
+
+    @property
+    def wants_messages(self) -> bool:
+        """Whether the backend takes chat messages rather than token ids (a chat endpoint)."""
+        return bool(getattr(self.backend, "wants_messages", False))
+
+    def generate_messages(self, messages, sampling):
+        """The backend's ``generate_messages`` (chat endpoints: the server applies its own template)."""
+        return self.backend.generate_messages(messages, sampling)
+
+    @property
+    def usage(self) -> dict[str, float]:
+        """The backend's request and token counters, when it keeps them (remote endpoints); else empty."""
+        return dict(getattr(self.backend, "usage", {}) or {})
 
     # -- training -----------------------------------------------------------------------------------------
     def update(

@@ -33,63 +33,20 @@ import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
+from mas_train.backends.options import OpenAIOptions
+
 __all__ = ["OpenAIBackend", "OpenAIBackendError", "OpenAIOptions"]
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("chat", "completions")
-
-
-@dataclass
-class OpenAIOptions:
-    """Where and how a frozen agent's endpoint is called.
-
-    Attributes:
-        base_url: the server's OpenAI API root, e.g. ``http://127.0.0.1:8000/v1`` or
-            ``https://api.openai.com/v1``.
-        model: the model name the server serves (the request's ``model`` field).
-        api_key_env: name of the environment variable holding the API key (sent as ``Authorization: Bearer``);
-            ``None`` for a server without authentication (no header is sent).
-        endpoint: ``"chat"`` (``/chat/completions`` with the env's messages; the server applies its template)
-            or ``"completions"`` (``/completions`` with the prompt rendered by the group's tokenizer).
-        timeout_s: seconds each attempt may take (connect, send, wait for and read the reply).
-        max_retries: retries after the first attempt on connection errors, timeouts, 429 and 5xx.
-        max_concurrency: most requests of one :meth:`OpenAIBackend.generate` call in flight at once.
-
-    Raises:
-        ValueError: an empty ``base_url``/``model``, a URL without ``http(s)://``, an unknown ``endpoint``,
-            ``timeout_s <= 0``, ``max_retries < 0`` or ``max_concurrency < 1``.
-    """
-
-    base_url: str
-    model: str
-    api_key_env: str | None = "OPENAI_API_KEY"
-    endpoint: Literal["chat", "completions"] = "chat"
-    timeout_s: float = 60.0
-    max_retries: int = 3
-    max_concurrency: int = 8
-
-    def __post_init__(self) -> None:
-        if not self.base_url or not str(self.base_url).startswith(("http://", "https://")):
-            raise ValueError(f"openai base_url must start with http:// or https://, got {self.base_url!r}")
-        if not self.model:
-            raise ValueError("openai model is empty; set the model name the server serves")
-        if self.endpoint not in ENDPOINTS:
-            raise ValueError(f"openai endpoint must be one of {list(ENDPOINTS)}, got {self.endpoint!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"openai timeout_s must be > 0, got {self.timeout_s}")
-        if self.max_retries < 0:
-            raise ValueError(f"openai max_retries must be >= 0, got {self.max_retries}")
-        if self.max_concurrency < 1:
-            raise ValueError(f"openai max_concurrency must be >= 1, got {self.max_concurrency}")
 
 
 class OpenAIBackendError(RuntimeError):

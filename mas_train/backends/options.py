@@ -153,8 +153,25 @@ class SGLangHTTPOptions(_SGLangCommon):
 
 @dataclass
 class OpenAIOptions:
-    """Options of ``backend: openai``: an OpenAI-compatible server. It samples only (cannot train): set
-    ``trainable: false`` on the model group."""
+    """Options of ``backend: openai`` (an OpenAI-compatible server; it samples only, so its model group is
+    ``trainable: false``): where and how a frozen agent's endpoint is called.
+
+    Attributes:
+        base_url: the server's OpenAI API root, e.g. ``http://127.0.0.1:8000/v1`` or
+            ``https://api.openai.com/v1``.
+        model: the model name the server serves (the request's ``model`` field).
+        api_key_env: name of the environment variable holding the API key (sent as ``Authorization: Bearer``);
+            ``None`` for a server without authentication (no header is sent).
+        endpoint: ``"chat"`` (``/chat/completions`` with the env's messages; the server applies its template)
+            or ``"completions"`` (``/completions`` with the prompt rendered by the group's tokenizer).
+        timeout_s: seconds each attempt may take (connect, send, wait for and read the reply).
+        max_retries: retries after the first attempt on connection errors, timeouts, 429 and 5xx.
+        max_concurrency: most requests of one :meth:`OpenAIBackend.generate` call in flight at once.
+
+    Raises:
+        ValueError: an empty ``base_url``/``model``, a URL without ``http(s)://``, an unknown ``endpoint``,
+            ``timeout_s <= 0``, ``max_retries < 0`` or ``max_concurrency < 1``.
+    """
 
     base_url: str = _help("Server base URL, e.g. http://localhost:8000/v1 (required).")
     model: str = _help("Model name the server knows (required).")
@@ -167,15 +184,15 @@ class OpenAIOptions:
     max_concurrency: int = _help("Requests in flight at once.", default=8)
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if not self.base_url or not str(self.base_url).startswith(("http://", "https://")):
+            raise ValueError(f"openai base_url must start with http:// or https://, got {self.base_url!r}")
         if not self.model:
-            raise ValueError("model must name the model the server serves")
+            raise ValueError("openai model is empty; set the model name the server serves")
         if self.endpoint not in ("chat", "completions"):
-            raise ValueError(f"endpoint must be 'chat' or 'completions', got {self.endpoint!r}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+            raise ValueError(f"openai endpoint must be one of ['chat', 'completions'], got {self.endpoint!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"openai timeout_s must be > 0, got {self.timeout_s}")
         if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+            raise ValueError(f"openai max_retries must be >= 0, got {self.max_retries}")
         if self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+            raise ValueError(f"openai max_concurrency must be >= 1, got {self.max_concurrency}")

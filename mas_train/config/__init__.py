@@ -69,7 +69,13 @@ from mas_train.config.common import (
 from mas_train.config.eval_config import EvalConfig, build_eval_parser, parse_eval_args
 from mas_train.config.grpo import GRPO_HONOURED
 from mas_train.config.resolve import ResolvedAgent, ResolvedConfig, ResolvedModelGroup
-from mas_train.config.sections import AgentConfig, LoraConfig, ModelGroupConfig, SamplingConfig
+from mas_train.config.sections import (
+    AgentConfig,
+    EvalSamplingConfig,
+    LoraConfig,
+    ModelGroupConfig,
+    SamplingConfig,
+)
 from mas_train.config.train import TrainConfig
 
 __all__ = [
@@ -107,6 +113,7 @@ __all__ = [
     "ResolvedAgent",
     "ResolvedConfig",
     "ResolvedModelGroup",
+    "EvalSamplingConfig",
     "SamplingConfig",
     "TrainConfig",
     "build_eval_parser",

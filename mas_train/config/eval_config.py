@@ -43,8 +43,8 @@ class EvalConfig:
         default_factory=dict,
     )
     data: str | None = _help(
-        "Benchmark: a bundled set name (gsm8k-test, math500, ...) or a .jsonl/.json/.parquet path. None = the env's "
-        "evaluation set.",
+        "Benchmark: a bundled set name (gsm8k-test, math500, ...), a .jsonl/.json/.parquet path or a procedural "
+        "spec. None = the run's eval_data, else the env's evaluation set.",
         default=None,
     )
     k: int = _help("Episodes per task (avg@k, pass@k).", default=DEFAULT_EVAL_K)
@@ -53,11 +53,17 @@ class EvalConfig:
     top_p: float | None = _help(
         "Nucleus sampling mass in (0, 1]. None = the run's eval_sampling.", default=None
     )
-    max_new_tokens: int | None = _help("Tokens per agent turn. None = the run's eval_sampling.", default=None)
+    max_new_tokens: int | None = _help(
+        "Tokens per agent turn. None = the run's eval_sampling (each agent's own by default).", default=None
+    )
     tasks_per_batch: int = _help(
         "Tasks rolled out together (bounds memory).", default=DEFAULT_EVAL_TASKS_PER_BATCH
     )
-    seed: int = _help("Sampling seed.", default=0)
+    data_fields: dict[str, str] = _help(
+        "Column renames for a custom data file, task field -> column (e.g. question=problem,answer=solution).",
+        default_factory=dict,
+    )
+    seed: int | None = _help("Sampling seed. None = the checkpoint's run seed, else 0.", default=None)
     output_dir: str = _help("Where 'latest' checkpoints are searched.", default="runs")
     output: str | None = _help("Also write the metrics as JSON to this file.", default=None)
 
@@ -85,8 +91,9 @@ def build_eval_parser(prog: str = "mas-eval") -> Any:
         prog,
         "Evaluate a checkpoint or a model on a benchmark: avg@k and pass@k per data source.",
         "Examples:\n  mas-eval --checkpoint runs/<run>/checkpoints/step-000020 --data gsm8k-test --k 4\n"
+        "  mas-eval --checkpoint runs/<run> --initial     # the run's agents and settings, initial weights\n"
         "  mas-eval --model smollm2-135m-instruct --env math-2agent --data math500 --num_tasks 50\n"
-        "Mapping flags: --env_kwargs max_loops=3 or --env_kwargs.max_loops 3.",
+        "Mapping flags: --env_kwargs max_loops=3 or --env_kwargs.max_loops 3. --debug shows an error's traceback.",
     )
 
 

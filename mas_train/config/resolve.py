@@ -31,13 +31,11 @@ class ResolvedAgent:
     name: str
     model_group: str
     sampling: SamplingConfig
-    eval_sampling: SamplingConfig
 
-    def sampling_params(
-        self, stop: Sequence[str] = (), *, eval: bool = False, seed: int | None = None
-    ) -> SamplingParams:
-        """Backend request for one turn of this agent (``stop``: the env's stop strings for it)."""
-        return (self.eval_sampling if eval else self.sampling).to_params(stop, seed)
+    def sampling_params(self, stop: Sequence[str] = (), *, seed: int | None = None) -> SamplingParams:
+        """Backend request for one training turn of this agent (``stop``: the env's stop strings for it).
+        Evaluation sampling is :func:`mas_train.eval.eval_sampling`."""
+        return self.sampling.to_params(stop, seed)
 
 
 @dataclass(frozen=True)
@@ -283,7 +281,6 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             name=a,
             model_group=mapping[a],
             sampling=agent_cfg[a].sampling or cfg.sampling,
-            eval_sampling=cfg.eval_sampling,
         )
         for a in agent_names
     }

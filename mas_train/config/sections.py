@@ -13,6 +13,8 @@ from typing import Any
 from mas_train.backends.base import SamplingParams
 from mas_train.config.common import (
     BACKENDS,
+    DEFAULT_EVAL_TEMPERATURE,
+    DEFAULT_EVAL_TOP_P,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
     DTYPES,
@@ -25,7 +27,7 @@ from mas_train.config.common import (
 from mas_train.config.common import help_field as _help
 from mas_train.config.grpo import check_grpo
 
-__all__ = ["AgentConfig", "LoraConfig", "ModelGroupConfig", "SamplingConfig"]
+__all__ = ["AgentConfig", "EvalSamplingConfig", "LoraConfig", "ModelGroupConfig", "SamplingConfig"]
 
 
 @dataclass
@@ -61,6 +63,35 @@ class SamplingConfig:
             stop=tuple(stop),
             seed=seed,
         )
+
+
+@dataclass
+class EvalSamplingConfig:
+    """How every agent samples during evaluation (``mas_train.eval.eval_sampling`` applies it): each agent keeps
+    its own training ``max_new_tokens`` and stop strings unless ``max_new_tokens`` is set here."""
+
+    temperature: float = _help(
+        "Softmax temperature during evaluation; 0 = greedy.", default=DEFAULT_EVAL_TEMPERATURE
+    )
+    top_p: float = _help("Nucleus sampling mass in (0, 1] during evaluation.", default=DEFAULT_EVAL_TOP_P)
+    top_k: int = _help("Keep only the k most likely tokens during evaluation; 0 disables it.", default=0)
+    max_new_tokens: int | None = _help(
+        "Tokens per agent turn during evaluation. None = each agent's own training max_new_tokens.",
+        default=None,
+    )
+
+    def __post_init__(self) -> None:
+        try:
+            SamplingParams(
+                max_new_tokens=self.max_new_tokens or 1,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=max(self.top_k, 0),
+            )
+        except ValueError as err:
+            raise ConfigError(f"eval_sampling: {err}") from None
+        if self.top_k < -1:
+            raise ConfigError(f"eval_sampling.top_k must be >= 0, got {self.top_k}")
 
 
 @dataclass

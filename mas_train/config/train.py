@@ -18,8 +18,6 @@ from mas_train.config.common import (
     DEFAULT_EVAL_K,
     DEFAULT_EVAL_NUM_TASKS,
     DEFAULT_EVAL_STEPS,
-    DEFAULT_EVAL_TEMPERATURE,
-    DEFAULT_EVAL_TOP_P,
     DEFAULT_LEARNING_RATE,
     DEFAULT_MAX_PROMPT_LENGTH,
     DEFAULT_MAX_STEPS,
@@ -44,7 +42,7 @@ from mas_train.config.common import help_field as _help
 from mas_train.config.grpo import check_grpo
 from mas_train.config.omega import build, load_yaml
 from mas_train.config.resolve import ResolvedConfig, backend_options, resolve
-from mas_train.config.sections import AgentConfig, ModelGroupConfig, SamplingConfig
+from mas_train.config.sections import AgentConfig, EvalSamplingConfig, ModelGroupConfig, SamplingConfig
 
 __all__ = ["TrainConfig"]
 
@@ -177,11 +175,9 @@ class TrainConfig:
     eval_num_tasks: int | None = _help(
         "Eval tasks per evaluation. None = all.", default=DEFAULT_EVAL_NUM_TASKS
     )
-    eval_sampling: SamplingConfig = _help(
-        "Sampling of every agent during evaluation.",
-        default_factory=lambda: SamplingConfig(
-            temperature=DEFAULT_EVAL_TEMPERATURE, top_p=DEFAULT_EVAL_TOP_P
-        ),
+    eval_sampling: EvalSamplingConfig = _help(
+        "Sampling of every agent during evaluation (each agent keeps its own max_new_tokens unless set here).",
+        default_factory=EvalSamplingConfig,
     )
     resume: str | None = _help(
         "Continue a run: a checkpoint folder (runs/<run>/checkpoints/step-N), a run folder (its newest "

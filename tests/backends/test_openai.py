@@ -12,7 +12,7 @@ import pytest
 
 from mas_train.backends.base import GenerationBackend, SamplingParams
 from mas_train.backends.openai import OpenAIBackend, OpenAIBackendError, OpenAIOptions
-from tests.backends.contract import BackendContract, chat_prompt
+from mas_train.backends.testing import BackendContract, chat_prompt
 from tests.backends.openai_server import WORDS, Action, OpenAITestServer
 
 KEY = "sk-test-4f9c1e7a2b"  # a fake key: must reach the server as a Bearer header and nowhere else

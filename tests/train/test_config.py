@@ -188,7 +188,14 @@ def test_agent_sampling_and_params():
     assert r.agents["solver"].sampling == cfg.sampling
     p = r.agents["verifier"].sampling_params(["</verify>"])
     assert p == SamplingParams(max_new_tokens=32, temperature=0.5, top_p=1.0, top_k=0, stop=("</verify>",))
-    assert r.agents["verifier"].sampling_params(eval=True).temperature == 0.6
+    from mas_train.eval import eval_sampling
+
+    # evaluation: the eval temperature/top_p, each agent's own max_new_tokens (issue: per-agent overrides were
+    # ignored in training-time evaluation and mas-eval used another rule)
+    ev = eval_sampling(r)
+    assert ev["verifier"] == SamplingParams(max_new_tokens=32, temperature=0.6, top_p=0.95, top_k=0)
+    assert ev["solver"].max_new_tokens == cfg.sampling.max_new_tokens and ev["solver"].temperature == 0.6
+    assert eval_sampling(r, temperature=0.0, max_new_tokens=5)["verifier"].max_new_tokens == 5
     assert SamplingConfig(top_k=-1).to_params().top_k == 0
 
 
