@@ -5,8 +5,8 @@ Every metric a run logs is named here or by a function here, in fixed namespaces
 * ``charts/…``: rollout statistics of a training step (:func:`rollout_metrics`);
 * ``env/<name>``: the env's own per-episode metrics (``Outcome.metrics``), averaged over the step's
   episodes that report them (:func:`env_metrics`); evaluation logs them as ``eval/env/<name>``;
-* ``losses/…``: per-model-group loss, grad norm, entropy, clip ratios, KL; ``losses/grad_norm/<agent>`` is the
-  gradient norm of that agent's samples alone;
+* ``losses/…``: per-model-group loss, entropy, clip ratios, KL and ``losses/group_grad_norm/<group>``;
+  ``losses/grad_norm/<agent>`` is the gradient norm of that agent's samples alone;
 * ``lemma/…``: the Lemma 4.2 statistics of the step's scores per agent;
 * ``eval/…``: evaluation (``mas_train.eval``); ``time/…``: seconds per phase of the step.
 

@@ -170,7 +170,10 @@ class MultiGroupTrainer:
             for k, v in out.items():
                 if k.startswith("grad_norm/"):
                     metrics[f"losses/grad_norm/{k.split('/', 1)[1]}"] = v  # per agent
-                elif k in ("loss", "grad_norm", "entropy", "kl") or k.startswith("clip_ratio"):
+                elif k == "grad_norm":
+                    # the group's whole gradient; losses/grad_norm/<agent> is one agent's alone
+                    metrics[f"losses/group_grad_norm/{g}"] = v
+                elif k in ("loss", "entropy", "kl") or k.startswith("clip_ratio"):
                     metrics[f"losses/{k}/{g}"] = v
                 elif k == "learning_rate":
                     metrics[f"charts/learning_rate/{g}"] = v

@@ -99,9 +99,9 @@ def test_tiny_end_to_end_train_then_eval(tmp_path):
     for r in train:
         assert 0.0 <= r["charts/reward"] <= 1.0 and 0.0 <= r["charts/invalid_rate"] <= 1.0
         # a random-weight model scores 0 everywhere, so advantages (and the gradient) may be 0; the keys exist
-        assert r["losses/grad_norm/shared"] >= 0 and r["charts/skipped/shared"] == 0 and len(r["tasks"]) == 1
+        assert r["losses/group_grad_norm/shared"] >= 0 and r["charts/skipped/shared"] == 0 and len(r["tasks"]) == 1
     evals = [r for r in records if "eval/avg@2" in r]
-    assert [r["step"] for r in evals] == [2] and "eval/gsm8k/pass@2" in evals[0]
+    assert [r["step"] for r in evals] == [0, 2] and "eval/gsm8k/pass@2" in evals[0]  # step 0: before training
     assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step-000001", "step-000002"]
     model_dir = run / "checkpoints" / "step-000002" / "groups" / "shared" / "model"
     assert (model_dir / "config.json").is_file() and (model_dir / "tokenizer.json").is_file()
@@ -179,6 +179,7 @@ def test_status_lines_go_through_the_bar_and_library_bars_stay_quiet(capfd, tmp_
     status = [x for x in out.getvalue().splitlines() if x.endswith("…")]
     assert status == [
         "  loading models…",
+        "  evaluating on 1 tasks × k=2 before training (step 0)…",
         "  saving checkpoint step-000001…",
         "  saving checkpoint step-000002…",
         "  evaluating on 1 tasks × k=2 at step 2…",

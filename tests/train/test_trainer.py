@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 
 import pytest
@@ -225,7 +226,7 @@ def test_one_step_trains_the_shared_group(tmp_path, tiny_qwen3_path):
         metrics, extra = tr.train_step()
         changed = _changed(before, _group_params(tr))
         assert len(changed["shared"]) == len(before["shared"])  # every trained parameter moved
-        assert metrics["losses/grad_norm/shared"] > 0
+        assert metrics["losses/group_grad_norm/shared"] > 0
         assert metrics["losses/grad_norm/solver"] > 0 and metrics["losses/grad_norm/verifier"] > 0
         assert metrics["charts/num_samples"] == 8 and len(extra["tasks"]) == 2
         assert tr.pool.worker("shared").weight_version == 1  # synced once
@@ -285,3 +286,34 @@ def test_one_step_trains_heterogeneous_groups(tmp_path, tiny_qwen3_path):
         assert {g: len(v) for g, v in changed.items()} == {g: len(before[g]) for g in before}
     finally:
         tr.close()
+
+
+# -- issue: settings the update must honour -----------------------------------------------------------------------
+def test_mask_truncated_completions_leaves_cut_completions_out_of_the_loss(tiny_model_and_tokenizer, tmp_path):
+    # Regression: the setting was accepted and did nothing (TRL applies it only in the generation path we bypass).
+    cut = dataclasses.replace(_samples(1, 0)[0], finish_reason="length")
+    norms = {}
+    for flag in (False, True):
+        tr = _trainer(tiny_model_and_tokenizer, tmp_path / str(flag), mask_truncated_completions=flag)
+        inputs = tr.build_inputs([cut], [1.0])
+        assert inputs["completion_mask"].sum().item() == (0 if flag else len(cut.completion_ids))
+        out = tr.update([cut], [1.0])
+        norms[flag] = out["grad_norm"]
+        assert out["num_masked_truncated"] == float(flag)
+    assert norms[False] > 0 and norms[True] == 0.0
+    # a completion that stopped on its own is trained either way
+    tr = _trainer(tiny_model_and_tokenizer, tmp_path / "stop", mask_truncated_completions=True)
+    assert tr.update([_samples(1, 0)[0]], [1.0])["grad_norm"] > 0
+
+
+def test_an_agent_named_star_is_not_trained_twice(tiny_model_and_tokenizer, tmp_path):
+    # Regression: the per-agent micro-batching used "*" as its all-agents key, so an agent called "*" pulled
+    # every other agent's samples into its micro-batches too.
+    samples = [dataclasses.replace(s, agent="*" if s.agent == "solver" else s.agent) for s in _samples()]
+    tr = _trainer(tiny_model_and_tokenizer, tmp_path, micro_batch_size=2)
+    mbs = tr._micro_batches(samples, ADV, by_agent=True)
+    seen = sorted(i for _, idx in mbs for i in idx)
+    assert seen == list(range(len(samples)))  # every sample exactly once
+    assert {a for a, _ in mbs} == {"*", "verifier"}
+    assert all(samples[i].agent == a for a, idx in mbs for i in idx)
+    assert [a for a, _ in tr._micro_batches(samples, ADV, by_agent=False)] == [None] * 4
