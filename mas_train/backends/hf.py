@@ -19,8 +19,11 @@ of every group the G prompts are identical token sequences (``num_generations`` 
 (the forward pass over the whole prompt) dominates a tick on CPU and costs the same FLOPs batched or not, so
 :meth:`HFBackend.generate` runs the prefill forward on the distinct prompts only and then copies each one's KV
 cache rows and last-position logits to every row that asked for it (``Cache.batch_select_indices`` with
-repeated indices, the mechanism that also drops finished rows). This is the exact-match case of SGLang's radix
-(prefix) cache; longer shared prefixes of different prompts are not shared. Sampling is untouched: each row
+repeated indices, the mechanism that also drops finished rows). Later turns of a group differ (each holds its
+own trajectory's replies) but still share the system prompt and task text: when the distinct prompts of a batch
+have a common prefix long enough to pay for one more forward, that prefix is prefilled once, its cache copied to
+every distinct prompt, and only the suffixes are run. This is the batch-wide case of SGLang's radix (prefix)
+cache; prefixes shared by only some prompts of a batch are not shared. Sampling is untouched: each row
 keeps its own generator, temperature, truncation and stop strings, so a seeded row gives the same completion
 (and logprobs up to float rounding) as when it is generated alone. A model whose cache cannot select rows
 (e.g. some linear-attention caches) falls back to prefilling every row.
