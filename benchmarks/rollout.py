@@ -6,15 +6,17 @@ Prints both wall times, generated tokens and their ratio. Goal: batched >= 3x fa
 
     python benchmarks/rollout.py                           # SmolLM2-135M on math-2agent
     python benchmarks/rollout.py --model tiny-qwen3 --max_new_tokens 64
+    python benchmarks/rollout.py --tiny --json             # tiny-qwen3, G=2, 4 new tokens (CI)
+
+JSON keys: ``speedup`` (wall, one-at-a-time / batched), ``speedup_tokens_per_s``, ``batched_s``, ``single_s``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from _common import emit, set_threads
 
 
 def main() -> None:
@@ -25,9 +27,11 @@ def main() -> None:
     p.add_argument("--max_new_tokens", type=int, default=48)
     p.add_argument("--task_index", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--tiny", action="store_true", help="tiny-qwen3, G=2, 4 new tokens (CI)")
+    p.add_argument("--json", action="store_true", help="last line: one JSON object")
     a = p.parse_args()
-
-    import torch
+    if a.tiny:
+        a.model, a.G, a.max_new_tokens = "tiny-qwen3", 2, 4
 
     import mas_envs
     from mas_train.backends.base import SamplingParams
@@ -35,8 +39,7 @@ def main() -> None:
     from mas_train.models import load_model_and_tokenizer
     from mas_train.rollout import RolloutCollector
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    threads = set_threads(a.threads)
     model, tok = load_model_and_tokenizer(a.model)
     backend = HFBackend(model, tok, share_model=True)
     env0 = mas_envs.make(a.env)
@@ -63,10 +66,7 @@ def main() -> None:
 
     tok_b = sum(len(s.completion_ids) for s in batched.samples)
     tok_s = sum(len(s.completion_ids) for b in single for s in b.samples)
-    print(
-        f"model {a.model} | env {a.env} | G={a.G} | max_new_tokens {a.max_new_tokens} | "
-        f"threads {torch.get_num_threads()}"
-    )
+    print(f"model {a.model} | env {a.env} | G={a.G} | max_new_tokens {a.max_new_tokens} | threads {threads}")
     print(
         f"  batched collector : {t_batched:7.2f} s, {tok_b} tokens, {sum(batched.generate_calls.values())} calls"
     )
@@ -75,6 +75,18 @@ def main() -> None:
     )
     print(f"  speed-up (wall)   : {t_single / t_batched:5.2f}x")
     print(f"  speed-up (tokens/s): {(tok_b / t_batched) / (tok_s / t_single):5.2f}x")
+    emit(
+        {
+            "model": a.model,
+            "G": a.G,
+            "threads": threads,
+            "batched_s": t_batched,
+            "single_s": t_single,
+            "speedup": t_single / t_batched,
+            "speedup_tokens_per_s": (tok_b / t_batched) / (tok_s / t_single),
+        },
+        a.json,
+    )
 
 
 if __name__ == "__main__":

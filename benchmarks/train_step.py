@@ -4,22 +4,27 @@ Both sides train the same model on the same pre-generated batch with the same ``
 each: plain TRL runs its own inner step (``compute_loss`` → ``accelerator.backward`` → ``clip_grad_norm_`` →
 ``optimizer.step`` → ``lr_scheduler.step``) on TRL's padded input dict; ours runs ``update(samples,
 advantages)`` (padding from samples, importance-sampling correction, micro-batching, optional per-agent
-gradient norms). Repetitions alternate between the sides and the medians are compared. Goal: ratio <= 1.15.
+gradient norms). Repetitions alternate between the sides and the medians are compared; the fp32 GEMM roof is
+measured in the same run and the update's FLOP/s (``6 * N`` per prompt + completion token) is printed as a
+fraction of it. Goal: ``ratio_vs_trl <= 1.0``.
 
-    python benchmarks/train_step.py                          # SmolLM2-135M, 8 samples, dapo
+    python benchmarks/train_step.py --threads 2              # SmolLM2-135M, 8 samples, dapo
     python benchmarks/train_step.py --model tiny-qwen3 --reps 5 --loss_type grpo
+    python benchmarks/train_step.py --tiny --json            # tiny-qwen3, 2 short samples, 1 rep (CI)
+
+JSON keys: ``ratio_vs_trl`` (ours / plain TRL, medians), ``ratio_agent_norms_vs_trl``, ``ours_s``, ``trl_s``,
+``update_roof_frac`` (ours).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
 import tempfile
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from _common import emit, gemm_flops, set_threads
 
 
 def main() -> None:
@@ -31,7 +36,11 @@ def main() -> None:
     p.add_argument("--loss_type", default="dapo")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--tiny", action="store_true", help="tiny-qwen3, 2 samples of 12 + 6 tokens, 1 rep (CI)")
+    p.add_argument("--json", action="store_true", help="last line: one JSON object")
     a = p.parse_args()
+    if a.tiny:
+        a.model, a.batch, a.prompt_len, a.completion_len, a.reps = "tiny-qwen3", 2, 24, 12, 1
 
     import torch
     from trl import GRPOTrainer
@@ -40,8 +49,7 @@ def main() -> None:
     from mas_train.rollout import Sample
     from mas_train.trainer import GroupGRPOTrainer, _no_reward, grpo_args
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    threads = set_threads(a.threads)
     model, tok = load_model_and_tokenizer(a.model)
     g = torch.Generator().manual_seed(0)
     vocab = min(len(tok), 30000)
@@ -67,7 +75,7 @@ def main() -> None:
     )
     # on-policy sampling logprobs, so the IS correction keeps every sequence (as with a real backend)
     inputs = ours.build_inputs(samples, adv)
-    true = ours._policy_logps(inputs)
+    true = ours._frozen_logps(ours.model, inputs)
     samples = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)
@@ -114,14 +122,33 @@ def main() -> None:
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     print(
         f"model {a.model} | batch {a.batch} samples, {tokens} tokens | loss_type {a.loss_type} | "
-        f"threads {torch.get_num_threads()} | {a.reps} reps (median)"
+        f"threads {threads} | {a.reps} reps (median)"
     )
+    gemm = gemm_flops()
+    flop = 6 * sum(p.numel() for p in model.parameters() if p.requires_grad) * tokens
     base = statistics.median(times["plain TRL"])
+    meds = {k: statistics.median(ts) for k, ts in times.items()}
+    print(f"  fp32 GEMM roof {gemm / 1e9:.1f} GFLOP/s; one update = {flop / 1e9:.1f} GFLOP (6N per token)")
     for k, ts in times.items():
-        med = statistics.median(ts)
+        med = meds[k]
         print(
-            f"  {k:<30} {med:7.3f} s   ratio {med / base:5.2f}   (all: {', '.join(f'{t:.3f}' for t in ts)})"
+            f"  {k:<30} {med:7.3f} s   ratio {med / base:5.2f}   {flop / med / gemm:5.2f} of GEMM roof   "
+            f"(all: {', '.join(f'{t:.3f}' for t in ts)})"
         )
+    emit(
+        {
+            "model": a.model,
+            "threads": threads,
+            "tokens": tokens,
+            "trl_s": base,
+            "ours_s": meds["ours"],
+            "ratio_vs_trl": meds["ours"] / base,
+            "ratio_agent_norms_vs_trl": meds["ours + per-agent grad norms"] / base,
+            "update_roof_frac": flop / meds["ours"] / gemm,
+            "gemm_gflop_s": gemm / 1e9,
+        },
+        a.json,
+    )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,11 @@ of every group the G prompts are identical token sequences (``num_generations`` 
 (the forward pass over the whole prompt) dominates a tick on CPU and costs the same FLOPs batched or not, so
 :meth:`HFBackend.generate` runs the prefill forward on the distinct prompts only and then copies each one's KV
 cache rows and last-position logits to every row that asked for it (``Cache.batch_select_indices`` with
-repeated indices, the mechanism that also drops finished rows). This is the exact-match case of SGLang's radix
-(prefix) cache; longer shared prefixes of different prompts are not shared. Sampling is untouched: each row
+repeated indices, the mechanism that also drops finished rows). Later turns of a group differ (each holds its
+own trajectory's replies) but still share the system prompt and task text: when the distinct prompts of a batch
+have a common prefix long enough to pay for one more forward, that prefix is prefilled once, its cache copied to
+every distinct prompt, and only the suffixes are run. This is the batch-wide case of SGLang's radix (prefix)
+cache; prefixes shared by only some prompts of a batch are not shared. Sampling is untouched: each row
 keeps its own generator, temperature, truncation and stop strings, so a seeded row gives the same completion
 (and logprobs up to float rounding) as when it is generated alone. A model whose cache cannot select rows
 (e.g. some linear-attention caches) falls back to prefilling every row.
@@ -50,6 +53,9 @@ __all__ = ["HFBackend"]
 
 # Wrapper prefixes a trainer's state_dict may carry (DDP / accelerate, torch.compile).
 _NAME_PREFIXES = ("module.", "_orig_mod.")
+# A shared prompt prefix is prefilled once when that saves at least this many prefill tokens: below it the extra
+# forward (one more pass over the weights) costs about as much as it saves.
+_MIN_SHARED_TOKENS = 64
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -313,29 +319,86 @@ class HFBackend:
 
     def _prefill(
         self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
-    ) -> tuple[torch.Tensor, Any]:
-        """First forward of a batch: last-position logits (B, V) fp32 and the KV cache for all B rows.
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """First forward of a batch: last-position logits (B, V) fp32, the KV cache for all B rows, and the
+        (B, W) attention mask and (B, W) positions of the cache's columns (the decode loop extends both).
 
         Runs the model on the distinct prompts only and expands the cache and logits to all rows by index.
         Left padding is to the longest prompt, which is among the distinct ones, so every row's padded ids,
-        mask and positions are exactly those it would have had in a full prefill.
+        mask and positions are exactly those it would have had in a full prefill. When the distinct prompts
+        also share a long common prefix (a task group's later turns: same system prompt and task, different
+        replies), that prefix is prefilled once and only the suffixes are run per prompt (see
+        :meth:`_prefill_shared_prefix`).
         """
         unique: dict[tuple[int, ...], int] = {}
         inverse = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-        if not self._share_prefill or len(unique) == len(prompts):
-            return self._forward(ids, mask, pos, None)
-        firsts = torch.tensor(
-            [inverse.index(u) for u in range(len(unique))], dtype=torch.long, device=ids.device
-        )
-        logits, cache = self._forward(ids[firsts], mask[firsts], pos[firsts], None)
+        if not self._share_prefill:
+            return (*self._forward(ids, mask, pos, None), mask, pos)
+        distinct = [list(p) for p in unique]
+        shared = self._prefill_shared_prefix(distinct)
+        if shared is None and len(unique) == len(prompts):
+            return (*self._forward(ids, mask, pos, None), mask, pos)
+        if shared is None:
+            firsts = torch.tensor(
+                [inverse.index(u) for u in range(len(unique))], dtype=torch.long, device=ids.device
+            )
+            logits, cache = self._forward(ids[firsts], mask[firsts], pos[firsts], None)
+        else:
+            logits, cache, mask, pos = shared
+            if len(unique) == len(prompts):
+                return logits, cache, mask, pos
         expand = torch.tensor(inverse, dtype=torch.long, device=ids.device)
         try:
             # repeated indices copy a distinct prompt's keys/values into each row that shares it
             cache.batch_select_indices(expand)
         except (AttributeError, NotImplementedError):
             self._share_prefill = False
-            return self._forward(ids, mask, pos, None)
-        return logits[expand], cache
+            return (*self._forward(ids, mask, pos, None), mask, pos)
+        if shared is None:
+            return logits[expand], cache, mask, pos
+        return logits[expand], cache, mask[expand], pos[expand]
+
+    def _prefill_shared_prefix(self, distinct: list[list[int]]) -> tuple | None:
+        """Prefill the distinct prompts' longest common prefix once, then their suffixes together.
+
+        Returns ``(logits (D, V), cache, mask (D, P + S), pos (D, P + S))`` for the D distinct prompts, or
+        ``None`` when sharing does not pay: fewer than two prompts, or a prefix saving fewer than
+        ``_MIN_SHARED_TOKENS`` prefill tokens. Layout: ``[prefix | left-padded suffix]``, so the pad columns sit
+        between prefix and suffix with mask 0 and every row's suffix continues the prefix's positions; each row
+        attends to exactly its own prompt's tokens at their own positions, as in a full prefill (the logits
+        agree up to float rounding of the differently shaped matmuls).
+        """
+        if len(distinct) < 2:
+            return None
+        shortest = min(len(p) for p in distinct)
+        lcp = 0
+        first = distinct[0]
+        while lcp < shortest - 1 and all(p[lcp] == first[lcp] for p in distinct):
+            lcp += 1  # at least one suffix token per row, so every row gets its last-position logits
+        if lcp * (len(distinct) - 1) < _MIN_SHARED_TOKENS:
+            return None
+        dev = self.device
+        pre_ids = torch.tensor([first[:lcp]], dtype=torch.long, device=dev)
+        pre_mask = torch.ones_like(pre_ids)
+        pre_pos = torch.arange(lcp, device=dev)[None, :]
+        _, cache = self._forward(pre_ids, pre_mask, pre_pos, None)
+        d = len(distinct)
+        try:
+            cache.batch_select_indices(torch.zeros(d, dtype=torch.long, device=dev))
+        except (AttributeError, NotImplementedError):
+            self._share_prefill = False
+            return None
+        s = max(len(p) for p in distinct) - lcp
+        suf_ids = torch.full((d, s), self.pad_token_id, dtype=torch.long, device=dev)
+        suf_mask = torch.zeros((d, s), dtype=torch.long, device=dev)
+        for i, p in enumerate(distinct):
+            n = len(p) - lcp
+            suf_ids[i, s - n :] = torch.tensor(p[lcp:], dtype=torch.long, device=dev)
+            suf_mask[i, s - n :] = 1
+        mask = torch.cat([pre_mask.expand(d, lcp), suf_mask], dim=1)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(suf_ids, mask, pos[:, lcp:], cache)
+        return logits, cache, mask, pos
 
     def _stop_match(self, ids: list[int], stops: tuple[str, ...], window: int) -> str | None:
         # Each token decodes to >= 1 character, so a stop string completed by the newest token lies within the
@@ -373,47 +436,55 @@ class HFBackend:
         finish: list[str | None] = [None] * b
         stop_hit: list[str | None] = [None] * b
         rows = list(range(b))  # batch position -> request index; finished rows leave the batch
-        cache = None
-        for _ in range(max(sp.max_new_tokens for sp in params)):
-            if cache is None:
-                logits, cache = self._prefill(prompts, ids, mask, pos)
-            else:
-                logits, cache = self._forward(ids, mask, pos, cache)
+        eos = self.eos_token_ids
+        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos)
+        # The attention mask of every later step is a prefix of one preallocated buffer (no per-step cat).
+        steps = max(sp.max_new_tokens for sp in params)
+        cols = mask.shape[1]
+        mask_buf = torch.ones((b, cols + steps), dtype=mask.dtype, device=dev)
+        mask_buf[:, :cols] = mask
+        pos = pos[:, -1:]
+        can_drop = hasattr(cache, "batch_select_indices")
+        for _ in range(steps):
             scaled = logits / scale
             logps = torch.log_softmax(scaled, dim=-1)
             draws = torch.stack([torch.rand((), generator=gens[i], device=dev) for i in rows])
-            live = torch.tensor([finish[i] is None for i in rows], device=dev)
+            # finished rows ride along only in a cache that cannot drop rows
+            live = None if can_drop else torch.tensor([finish[i] is None for i in rows], device=dev)
             sampled = self._sample(scaled, logps, draws, top_k, top_p, greedy, truncate, live)
             sampled_lps = logps.gather(1, sampled[:, None])[:, 0].tolist()
             sampled = sampled.tolist()
             next_ids = []
+            keep = []
             for j, i in enumerate(rows):
                 if finish[i] is not None:
-                    next_ids.append(self.pad_token_id)  # rides along when the cache cannot drop rows
+                    next_ids.append(self.pad_token_id)
                     continue
                 tok = sampled[j]
                 out_ids[i].append(tok)
                 out_lps[i].append(sampled_lps[j])
                 next_ids.append(tok)
-                if tok in self.eos_token_ids:
+                if tok in eos:
                     finish[i] = "stop"
                 elif params[i].stop and (hit := self._stop_match(out_ids[i], params[i].stop, windows[i])):
                     finish[i], stop_hit[i] = "stop", hit
                 elif len(out_ids[i]) >= params[i].max_new_tokens:
                     finish[i] = "length"
-            keep = [j for j, i in enumerate(rows) if finish[i] is None]
+                else:
+                    keep.append(j)
             if not keep:
                 break
             ids = torch.tensor(next_ids, dtype=torch.long, device=dev)[:, None]
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
-            pos = pos[:, -1:] + 1
-            if len(keep) < len(rows) and hasattr(cache, "batch_select_indices"):
+            cols += 1
+            pos = pos + 1
+            if len(keep) < len(rows) and can_drop:
                 # Drop finished rows (KV cache included): in RL rollouts rows stop at very different lengths.
                 sel = torch.tensor(keep, device=dev)
                 cache.batch_select_indices(sel)
-                ids, mask, pos = ids[sel], mask[sel], pos[sel]
+                ids, pos, mask_buf = ids[sel], pos[sel], mask_buf[sel]
                 scale, top_k, top_p, greedy = scale[sel], top_k[sel], top_p[sel], greedy[sel]
                 rows = [rows[j] for j in keep]
+            logits, cache = self._forward(ids, mask_buf[:, :cols], pos, cache)
         return [
             GenerationOutput(
                 completion_ids=out_ids[i],
@@ -449,10 +520,11 @@ class HFBackend:
         Inverse CDF needs one random number per row; ``torch.multinomial`` with a generator costs ~30 ms per
         row on a 150k vocabulary, which dominated decoding.
         """
-        picked = scaled.argmax(dim=-1)
         rows = ~greedy if live is None else ~greedy & live
         if not bool(rows.any()):
-            return picked
+            return scaled.argmax(dim=-1)
+        # argmax over the vocabulary only when some row is greedy (costs as much as the softmax)
+        picked = scaled.argmax(dim=-1) if bool(greedy.any()) else torch.zeros_like(draws, dtype=torch.long)
         # only rows that sample pay for the CDF over the vocabulary (finished rows ride along in the batch)
         idx = rows.nonzero()[:, 0]
         if truncate:

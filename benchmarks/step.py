@@ -1,0 +1,142 @@
+"""Default training steps: generation tok/s vs the decode roof, update FLOP/s vs the GEMM roof, peak RSS.
+
+    python benchmarks/step.py --threads 2                      # mas-train --env math-2agent defaults, 1 step
+    python benchmarks/step.py --steps 3 -- --num_generations 8  # flags after -- go to mas-train
+    python benchmarks/step.py --tiny --json                      # tiny-qwen3, G=2, 8 new tokens (CI)
+
+Builds the trainer exactly as ``mas-train`` does (``parse_args`` + ``MultiGroupTrainer``) and runs ``--steps``
+training steps (no evaluation, no checkpoint), reading each step's own timers (``time/generate``,
+``time/update``). Roofs are measured in the same process before the first step:
+
+* decode roof: ``rows * bandwidth / weight_bytes`` tokens/s, where ``rows`` is the rows a tick generates
+  (``tasks_per_step * num_generations``) and ``bandwidth`` is ``dst.copy_(src)`` (read + write bytes). Generation
+  time includes prefill, env stepping excluded, so ``gen_roof_frac`` is conservative;
+* GEMM roof: fp32 1024^2 GEMM FLOP/s. The update does ``6 * N * tokens`` FLOP (forward 2N, backward 4N per
+  token; prompt + completion tokens of the step's samples), so ``update_roof_frac`` is that over update time
+  and the roof.
+
+Peak RSS is this process's ``ru_maxrss`` (model load included), the figure ``/usr/bin/time -v`` reports.
+JSON keys: ``gen_roof_frac``, ``update_roof_frac``, ``peak_rss_gb``, ``step_s`` (median over steps) and the
+raw numbers they come from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+from _common import copy_bandwidth, emit, gemm_flops, peak_rss_gb, set_threads, weight_bytes
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", default="math-2agent")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--micro_batch_size", type=int, default=4, help="samples per forward/backward (trainer's)")
+    p.add_argument("--tiny", action="store_true", help="tiny-qwen3, G=2, 8 new tokens, 1 step (CI)")
+    p.add_argument("--json", action="store_true", help="last line: one JSON object")
+    p.add_argument("mas_train_args", nargs="*", help="extra mas-train flags (after --)")
+    a = p.parse_args()
+    extra = list(a.mas_train_args)
+    if a.tiny:
+        a.steps = 1
+        extra = ["--model", "tiny-qwen3", "--num_generations", "2", "--sampling.max_new_tokens", "8", *extra]
+
+    from mas_train.cli import _quiet_libraries
+    from mas_train.config import parse_args
+    from mas_train.trainer import MultiGroupTrainer
+
+    threads = set_threads(a.threads)
+    _quiet_libraries()
+    out_dir = tempfile.mkdtemp(prefix="mas-bench-step-")
+    argv = ["--env", a.env, "--max_steps", str(a.steps), "--eval_steps", "0", "--save_steps", "0"]
+    cfg = parse_args([*argv, "--output_dir", out_dir, *extra])
+    import mas_envs
+
+    agents = list(mas_envs.make(cfg.env, **cfg.env_make_kwargs()).possible_agents)
+    resolved = cfg.resolve(agents)
+    trainer = MultiGroupTrainer(resolved, micro_batch_size=a.micro_batch_size)
+    bw, gemm = copy_bandwidth(), gemm_flops()
+    rows = cfg.tasks_per_step * cfg.num_generations
+    n_params = {g: trainer.pool.worker(g).num_parameters for g in trainer.groups}
+    w_bytes = {g: weight_bytes(trainer.pool.worker(g).model) for g in trainer.groups}
+    steps = []
+    try:
+        for _ in range(a.steps):
+            m, _ = trainer.train_step()
+            gen_tokens = sum(m.get(f"charts/num_tokens/{g}", 0.0) for g in trainer.groups)
+            steps.append((m, gen_tokens))
+    finally:
+        trainer.close()
+    # trained tokens (prompt + completion) from the per-agent means: turns per trajectory x trajectories
+    rep = []
+    for m, gen_tokens in steps:
+        trained = 0.0
+        for g in trainer.groups:
+            for ag in resolved.model_groups[g].agents:
+                turns = m.get(f"charts/turns/{ag}", 0.0) * rows
+                trained += (
+                    6
+                    * n_params[g]
+                    * turns
+                    * (m.get(f"charts/tokens/{ag}", 0.0) + m.get(f"charts/prompt_tokens/{ag}", 0.0))
+                )
+        rep.append(
+            {
+                "step_s": m["time/step"],
+                "gen_s": m["time/generate"],
+                "update_s": m["time/update"],
+                "gen_tokens": gen_tokens,
+                "update_flop": trained,
+            }
+        )
+    med = {k: statistics.median(r[k] for r in rep) for k in rep[0]}
+    wb = max(w_bytes.values())
+    roof_tps = rows * bw / wb
+    gen_tps = med["gen_tokens"] / med["gen_s"]
+    upd_flops = med["update_flop"] / med["update_s"] if med["update_s"] > 0 else 0.0
+    rss = peak_rss_gb()
+    print(
+        f"env {cfg.env} | {a.steps} step(s) | G={cfg.num_generations} x {cfg.tasks_per_step} task(s) | "
+        f"micro-batch {a.micro_batch_size} | threads {threads} | medians over steps"
+    )
+    print(
+        f"  weights {wb / 1e9:.3f} GB | copy bandwidth {bw / 1e9:.1f} GB/s | fp32 GEMM {gemm / 1e9:.1f} GFLOP/s"
+    )
+    print(
+        f"  step {med['step_s']:.1f} s = generate {med['gen_s']:.1f} s + update {med['update_s']:.1f} s + rest"
+    )
+    print(
+        f"  generation {gen_tps:7.1f} tok/s  roof {roof_tps:7.1f} tok/s at {rows} rows  "
+        f"-> {gen_tps / roof_tps:.3f} of roof"
+    )
+    print(
+        f"  update     {upd_flops / 1e9:7.1f} GFLOP/s (6N per token)  roof {gemm / 1e9:.1f}  "
+        f"-> {upd_flops / gemm:.3f} of roof"
+    )
+    print(f"  peak RSS   {rss:.2f} GB")
+    emit(
+        {
+            "env": cfg.env,
+            "threads": threads,
+            "rows": rows,
+            "step_s": med["step_s"],
+            "gen_s": med["gen_s"],
+            "update_s": med["update_s"],
+            "gen_tok_s": gen_tps,
+            "gen_roof_tok_s": roof_tps,
+            "gen_roof_frac": gen_tps / roof_tps,
+            "update_gflop_s": upd_flops / 1e9,
+            "gemm_gflop_s": gemm / 1e9,
+            "update_roof_frac": upd_flops / gemm,
+            "bandwidth_gb_s": bw / 1e9,
+            "peak_rss_gb": rss,
+        },
+        a.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

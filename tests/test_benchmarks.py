@@ -1,0 +1,60 @@
+"""Every benchmark script runs in its ``--tiny`` mode and prints its JSON keys, so a refactor cannot rot one.
+
+The numbers of a tiny run mean nothing (random tiny model, busy CI machine); only that each script runs end to
+end, measures its roof or baseline and reports the documented keys with sane values is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+# script -> the keys its --json line must hold (besides the raw numbers)
+EXPECTED = {
+    "step.py": {"gen_roof_frac", "update_roof_frac", "peak_rss_gb", "step_s"},
+    "train_step.py": {"ratio_vs_trl", "ratio_agent_norms_vs_trl", "update_roof_frac"},
+    "rollout.py": {"speedup", "speedup_tokens_per_s"},
+    "generate.py": {"tok_s", "roof_frac", "ratio_vs_generate", "roof_tok_s"},
+    "retrieval.py": {"search_speedup", "same_ids", "p50_ms", "req_s"},
+}
+
+
+def test_every_script_is_covered():
+    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    assert scripts == set(EXPECTED)
+
+
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_benchmark_tiny_mode_reports_its_keys(script, tiny_qwen3_path, tmp_path):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--tiny", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert EXPECTED[script] <= result.keys()
+    for key in EXPECTED[script]:
+        value = result[key]
+        if isinstance(value, bool):
+            assert value  # same_ids: FAISS and numpy agree
+        else:
+            assert value > 0 and value == value, f"{script}: {key} = {value}"
