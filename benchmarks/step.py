@@ -34,7 +34,12 @@ def main() -> None:
     p.add_argument("--env", default="math-2agent")
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--micro_batch_size", type=int, default=4, help="samples per forward/backward (trainer's)")
+    p.add_argument(
+        "--micro_batch_size",
+        type=int,
+        default=None,
+        help="samples per forward/backward (default: the config's)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny-qwen3, G=2, 8 new tokens, 1 step (CI)")
     p.add_argument("--json", action="store_true", help="last line: one JSON object")
     p.add_argument("mas_train_args", nargs="*", help="extra mas-train flags (after --)")
@@ -52,12 +57,14 @@ def main() -> None:
     _quiet_libraries()
     out_dir = tempfile.mkdtemp(prefix="mas-bench-step-")
     argv = ["--env", a.env, "--max_steps", str(a.steps), "--eval_steps", "0", "--save_steps", "0"]
+    if a.micro_batch_size is not None:
+        argv += ["--micro_batch_size", str(a.micro_batch_size)]
     cfg = parse_args([*argv, "--output_dir", out_dir, *extra])
     import mas_envs
 
     agents = list(mas_envs.make(cfg.env, **cfg.env_make_kwargs()).possible_agents)
     resolved = cfg.resolve(agents)
-    trainer = MultiGroupTrainer(resolved, micro_batch_size=a.micro_batch_size)
+    trainer = MultiGroupTrainer(resolved)
     bw, gemm = copy_bandwidth(), gemm_flops()
     rows = cfg.tasks_per_step * cfg.num_generations
     n_params = {g: trainer.pool.worker(g).num_parameters for g in trainer.groups}
@@ -100,7 +107,7 @@ def main() -> None:
     rss = peak_rss_gb()
     print(
         f"env {cfg.env} | {a.steps} step(s) | G={cfg.num_generations} x {cfg.tasks_per_step} task(s) | "
-        f"micro-batch {a.micro_batch_size} | threads {threads} | medians over steps"
+        f"micro-batch {cfg.micro_batch_size} | threads {threads} | medians over steps"
     )
     print(
         f"  weights {wb / 1e9:.3f} GB | copy bandwidth {bw / 1e9:.1f} GB/s | fp32 GEMM {gemm / 1e9:.1f} GFLOP/s"

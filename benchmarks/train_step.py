@@ -47,7 +47,7 @@ def main() -> None:
 
     from mas_train.models import load_model_and_tokenizer
     from mas_train.rollout import Sample
-    from mas_train.trainer import GroupGRPOTrainer, _no_reward, grpo_args
+    from mas_train.update import GroupGRPOTrainer, _no_reward, grpo_args
 
     threads = set_threads(a.threads)
     model, tok = load_model_and_tokenizer(a.model)

@@ -105,8 +105,12 @@ def test_no_import_cycle_among_our_modules():
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "mas_train").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "mas_train").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_mas_train_modules_stay_small(path):
     n = len(path.read_text().splitlines())
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    assert n <= MAX_LINES or "one file" in doc, f"{path.name} has {n} lines; split it or say in its docstring why"
+    assert n <= MAX_LINES or "one file" in doc, (
+        f"{path.name} has {n} lines; split it or say in its docstring why"
+    )

@@ -105,6 +105,9 @@ def _make_hf(options: HFOptions, model: Any, tokenizer: Any, group: Any = None) 
     from mas_train.backends.hf import HFBackend
 
     kwargs = dataclasses.asdict(options)
+    if kwargs["share_model"] is None:
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        kwargs["share_model"] = on_cpu and kwargs["device"] is None and kwargs["dtype"] is None
     if kwargs["dtype"] is not None:
         kwargs["dtype"] = getattr(torch, kwargs["dtype"])
     return HFBackend(model, tokenizer, **kwargs)

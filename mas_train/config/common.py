@@ -42,7 +42,9 @@ DEFAULT_MAX_PROMPT_LENGTH = 1024
 # 0.7 keeps it coherent. The reference trains 4B+ models at 1.0: set sampling.temperature for those.
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_LEARNING_RATE = 1e-5
-DEFAULT_MICRO_BATCH_SIZE = 4  # samples per forward/backward of the update
+DEFAULT_MICRO_BATCH_SIZE = (
+    2  # samples per forward/backward: bounds the update's activation memory (docs/performance.md)
+)
 DEFAULT_SAVE_STEPS = 3
 DEFAULT_SAVE_TOTAL_LIMIT: int | None = 2
 DEFAULT_EVAL_STEPS = 6

@@ -99,7 +99,11 @@ def test_tiny_end_to_end_train_then_eval(tmp_path):
     for r in train:
         assert 0.0 <= r["charts/reward"] <= 1.0 and 0.0 <= r["charts/invalid_rate"] <= 1.0
         # a random-weight model scores 0 everywhere, so advantages (and the gradient) may be 0; the keys exist
-        assert r["losses/group_grad_norm/shared"] >= 0 and r["charts/skipped/shared"] == 0 and len(r["tasks"]) == 1
+        assert (
+            r["losses/group_grad_norm/shared"] >= 0
+            and r["charts/skipped/shared"] == 0
+            and len(r["tasks"]) == 1
+        )
     evals = [r for r in records if "eval/avg@2" in r]
     assert [r["step"] for r in evals] == [0, 2] and "eval/gsm8k/pass@2" in evals[0]  # step 0: before training
     assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step-000001", "step-000002"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -289,7 +289,9 @@ def test_one_step_trains_heterogeneous_groups(tmp_path, tiny_qwen3_path):
 
 
 # -- issue: settings the update must honour -----------------------------------------------------------------------
-def test_mask_truncated_completions_leaves_cut_completions_out_of_the_loss(tiny_model_and_tokenizer, tmp_path):
+def test_mask_truncated_completions_leaves_cut_completions_out_of_the_loss(
+    tiny_model_and_tokenizer, tmp_path
+):
     # Regression: the setting was accepted and did nothing (TRL applies it only in the generation path we bypass).
     cut = dataclasses.replace(_samples(1, 0)[0], finish_reason="length")
     norms = {}

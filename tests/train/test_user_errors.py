@@ -58,7 +58,15 @@ def bad_files(tmp_path):
         (["--max_steps", "ten"], ["max_steps"]),
         (["--grpo.repetition_penalty", "1.1"], ["repetition_penalty"]),
     ],
-    ids=["unknown-env", "bad-env-kwarg", "missing-eval-data", "no-question-column", "empty-file", "bad-type", "unhonoured-grpo"],
+    ids=[
+        "unknown-env",
+        "bad-env-kwarg",
+        "missing-eval-data",
+        "no-question-column",
+        "empty-file",
+        "bad-type",
+        "unhonoured-grpo",
+    ],
 )
 def test_user_mistakes_are_one_error_line_before_any_model_loads(argv, needles, bad_files, tmp_path, capsys):
     argv = [a.format(**bad_files) for a in argv] + ["--output_dir", str(tmp_path / "runs")]
@@ -93,7 +101,13 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         (["--checkpoint", "{missing}"], ["missing"]),
         (["--data", "{noq}"], ["data_fields"]),
     ],
-    ids=["negative-num-tasks", "zero-tasks-per-batch", "initial-without-checkpoint", "no-checkpoint", "no-question"],
+    ids=[
+        "negative-num-tasks",
+        "zero-tasks-per-batch",
+        "initial-without-checkpoint",
+        "no-checkpoint",
+        "no-question",
+    ],
 )
 def test_mas_eval_mistakes_are_one_error_line(argv, needles, bad_files, capsys):
     argv = [a.format(**bad_files) for a in argv] + ["--model", "tiny-qwen3"] * ("--checkpoint" not in argv)
@@ -123,7 +137,9 @@ def test_resume_refuses_an_optimisation_change(tiny_run, capsys):
     # Regression: a new --learning_rate was recorded in config.yaml while the optimizer kept the old one.
     code, out, err, sec = _run(train_main, ["--resume", str(tiny_run), "--learning_rate", "0.5"], capsys)
     _assert_user_error(code, out, err, sec, "learning_rate")
-    code, out, err, sec = _run(train_main, ["--resume", str(tiny_run), "--model", "smollm2-135m-instruct"], capsys)
+    code, out, err, sec = _run(
+        train_main, ["--resume", str(tiny_run), "--model", "smollm2-135m-instruct"], capsys
+    )
     _assert_user_error(code, out, err, sec, "model")
     code, out, err, sec = _run(train_main, ["--resume", str(tiny_run), "--advantage_mode", "grpo"], capsys)
     _assert_user_error(code, out, err, sec, "advantage_mode")
@@ -135,13 +151,27 @@ def test_mas_eval_of_the_last_checkpoint_reproduces_the_last_training_eval(tiny_
     evals = [r for r in records if "eval/avg@2" in r]
     assert [r["step"] for r in evals] == [0, 1]  # before the first update, and at the end
     out_file = tmp_path / "eval.json"
-    code = eval_main(["--checkpoint", str(tiny_run), "--num_tasks", "1", "--k", "2", "--output", str(out_file)])
+    code = eval_main(
+        ["--checkpoint", str(tiny_run), "--num_tasks", "1", "--k", "2", "--output", str(out_file)]
+    )
     assert code == 0
     got = json.loads(out_file.read_text())
     for key in ("eval/avg@2", "eval/pass@2", "eval/reward", "eval/invalid_rate"):
         assert got[key] == evals[-1][key], key
     # --initial: the run's configuration with its initial weights reproduces the step-0 evaluation
-    code = eval_main(["--checkpoint", str(tiny_run), "--initial", "--num_tasks", "1", "--k", "2", "--output", str(out_file)])
+    code = eval_main(
+        [
+            "--checkpoint",
+            str(tiny_run),
+            "--initial",
+            "--num_tasks",
+            "1",
+            "--k",
+            "2",
+            "--output",
+            str(out_file),
+        ]
+    )
     assert code == 0
     got = json.loads(out_file.read_text())
     for key in ("eval/avg@2", "eval/reward", "eval/invalid_rate"):
@@ -149,7 +179,9 @@ def test_mas_eval_of_the_last_checkpoint_reproduces_the_last_training_eval(tiny_
 
 
 def test_resume_with_more_steps_records_the_change(tiny_run, capsys):
-    code, out, err, _ = _run(train_main, ["--resume", str(tiny_run), "--max_steps", "2", "--eval_steps", "0"], capsys)
+    code, out, err, _ = _run(
+        train_main, ["--resume", str(tiny_run), "--max_steps", "2", "--eval_steps", "0"], capsys
+    )
     assert code == 0, err
     assert "resumed with max_steps changed: 1 -> 2" in out
     history = [json.loads(x) for x in (tiny_run / "config_history.jsonl").read_text().splitlines()]
