@@ -37,14 +37,13 @@ from typing import Any
 
 from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from mas_envs.envs.math import prompts
-from mas_envs.envs.math.math_1agent import (
+from mas_envs.envs.math.common import (
     MATH_FUZZ,
-    gold_of,
+    grade_solution,
     gsm8k_golden_task,
     require_gold,
     solver_action_is_valid,
 )
-from mas_envs.rewards.math import grade_math
 
 __all__ = ["MathTwoAgentEnv", "env", "parse_verdict", "raw_env"]
 
@@ -94,14 +93,14 @@ class MathTwoAgentEnv(TextAECEnv):
         self.max_loops = max_loops
         self.missing_verdict = missing_verdict
 
-    def _start(self, task: dict[str, Any]) -> str:
+    def start_episode(self, task: dict[str, Any]) -> str:
         require_gold(task)
         self.history: list[tuple[str, str]] = []  # (agent, text) of every turn so far
         self.solver_turns = 0
         self.last_solution: str | None = None
         return "solver"
 
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         parts = [prompts.PROBLEM.format(question=self.task["question"])]
         if self.history:
             entries, n = [prompts.HISTORY_HEADER], {"solver": 0, "verifier": 0}
@@ -117,7 +116,7 @@ class MathTwoAgentEnv(TextAECEnv):
         parts.append(task)
         return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         self.history.append((agent, action))
         if agent == "solver":
             self.solver_turns += 1
@@ -130,8 +129,8 @@ class MathTwoAgentEnv(TextAECEnv):
         routed = verdict or self.missing_verdict
         return Transition(invalid=verdict is None, next_agent=None if routed == "approve" else "solver")
 
-    def _outcome(self) -> Outcome:
-        correct = self.last_solution is not None and grade_math(self.last_solution, gold_of(self.task))
+    def episode_outcome(self) -> Outcome:
+        correct = grade_solution(self.last_solution, self.task)
         return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct))
 
     @classmethod

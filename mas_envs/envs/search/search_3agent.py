@@ -63,7 +63,6 @@ from .common import (
     run_search,
     score_answer,
 )
-from .data import bundled_hotpotqa
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
@@ -125,6 +124,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         ANSWERER: ("<think>", "</think>", "<answer>", "</answer>", "<search>", "yes"),
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
+    default_tasks: ClassVar[str | None] = "hotpotqa"
 
     def __init__(
         self,
@@ -145,7 +145,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         if last_turn not in ("answer", "verify"):
             raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
         super().__init__(
-            tasks=bundled_hotpotqa() if tasks is None else tasks,
+            tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
             max_turns=None,  # the turn cap counts verifier turns, handled here; the base counts agent actions
             render_mode=render_mode,
@@ -156,7 +156,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         self.last_turn = last_turn
 
     # --- episode logic -----------------------------------------------------------------------------------
-    def _start(self, task: dict[str, Any]) -> str:
+    def start_episode(self, task: dict[str, Any]) -> str:
         golden_answers_of(task)  # a task without a usable gold answer fails here, not at episode end
         self.search_turn = 1  # 1-based turn in the reference's sense
         self.history: list[tuple[str, str]] = []
@@ -168,7 +168,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         last = self.search_turn >= self.turn_limit
         return ANSWERER if last and self.last_turn == "answer" else VERIFIER
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         if agent == VERIFIER:
             self.verifier_reply = action
             verdict = first_block(action, "verify")
@@ -198,7 +198,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         self.answer = parsed.content if parsed.kind == "answer" else None
         return Transition(invalid=parsed.invalid, next_agent=None)
 
-    def _outcome(self) -> Outcome:
+    def episode_outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.task)
         for a in self.agents:
             self.infos[a].update(
@@ -207,7 +207,7 @@ class SearchThreeAgentEnv(NotesAfterActionMixin, TextAECEnv):
         return Outcome(team_reward=em, success=em == 1.0)
 
     # --- prompts -----------------------------------------------------------------------------------------
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         parts = [f"Question: {self.task['question']}", render_history(self.history)]
         if agent == SEARCHER and self.verifier_reply is not None:
             parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
