@@ -15,6 +15,9 @@ The single-agent baseline for `math-2agent`: one solver answers once.
 | Stop strings | none |
 | Default tasks | `gsm8k-train` (bundled) |
 
+## Episode metrics
+`solver_turns` (always 1), for comparison with `math-2agent`.
+
 ## Arguments
 `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty` (c, default 0.1),
 `render_mode` (`None` or `"ansi"`).
@@ -70,7 +73,9 @@ class MathOneAgentEnv(TextAECEnv):
 
     def episode_outcome(self) -> Outcome:
         correct = grade_solution(self.answer_text, self.task)
-        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct))
+        return Outcome(
+            team_reward=1.0 if correct else 0.0, success=bool(correct), metrics={"solver_turns": 1.0}
+        )
 
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:

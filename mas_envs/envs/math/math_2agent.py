@@ -21,6 +21,16 @@ the solver gets another turn while it has turns left. A verifier that did not fi
 vouched for the answer, and re-checking costs one solver turn at most. The reference implementation treats a
 missing verdict as approve; pass `missing_verdict="approve"` to reproduce it.
 
+## Episode metrics
+Reported at the end in `infos[agent]["episode_metrics"]` (logged as `env/<name>`, `eval/env/<name>`):
+
+| name | value |
+|---|---|
+| `solver_turns` | solver turns in the episode (1 … `max_loops`) |
+| `verifier_accuracy` | over the episode's valid verdicts: the fraction that were right, i.e. approve of a correct attempt or reject of a wrong one (each reviewed attempt graded like the final answer). Absent when the verifier gave no valid verdict |
+| `verifier_approve_rate` | fraction of the valid verdicts that approve. Absent with no valid verdict |
+| `rejection_fixed` | only in episodes where the verifier rejected a wrong attempt: 1 if the final answer is correct, else 0 (its mean is how often a rightful rejection led to a corrected answer) |
+
 ## Arguments
 `max_loops` (most solver turns, default 2), `missing_verdict` (`"reject"` or `"approve"`, default
 `"reject"`), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty`
@@ -98,7 +108,17 @@ class MathTwoAgentEnv(TextAECEnv):
         self.history: list[tuple[str, str]] = []  # (agent, text) of every turn so far
         self.solver_turns = 0
         self.last_solution: str | None = None
+        self._attempts_correct: list[bool | None] = []  # per solver attempt, graded when first needed
+        self.verdicts: list[
+            tuple[str, bool]
+        ] = []  # (valid verdict, whether the reviewed attempt was correct)
         return "solver"
+
+    def _attempt_correct(self, i: int) -> bool:
+        if self._attempts_correct[i] is None:
+            text = self.history[[k for k, (who, _) in enumerate(self.history) if who == "solver"][i]][1]
+            self._attempts_correct[i] = grade_solution(text, self.task)
+        return bool(self._attempts_correct[i])
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         parts = [prompts.PROBLEM.format(question=self.task["question"])]
@@ -121,17 +141,29 @@ class MathTwoAgentEnv(TextAECEnv):
         if agent == "solver":
             self.solver_turns += 1
             self.last_solution = action
+            self._attempts_correct.append(None)
             done = self.solver_turns >= self.max_loops
             return Transition(
                 invalid=not solver_action_is_valid(action), next_agent=None if done else "verifier"
             )
         verdict = parse_verdict(action)
+        if verdict is not None:  # the reviewed attempt is the latest one
+            self.verdicts.append((verdict, self._attempt_correct(self.solver_turns - 1)))
         routed = verdict or self.missing_verdict
         return Transition(invalid=verdict is None, next_agent=None if routed == "approve" else "solver")
 
     def episode_outcome(self) -> Outcome:
-        correct = grade_solution(self.last_solution, self.task)
-        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct))
+        correct = self.solver_turns > 0 and self._attempt_correct(self.solver_turns - 1)
+        metrics = {"solver_turns": float(self.solver_turns)}
+        if self.verdicts:
+            right = [(v == "approve") == ok for v, ok in self.verdicts]
+            metrics["verifier_accuracy"] = sum(right) / len(right)
+            metrics["verifier_approve_rate"] = sum(v == "approve" for v, _ in self.verdicts) / len(
+                self.verdicts
+            )
+        if any(v == "reject" and not ok for v, ok in self.verdicts):
+            metrics["rejection_fixed"] = 1.0 if correct else 0.0
+        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct), metrics=metrics)
 
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:
