@@ -15,6 +15,10 @@ from mas_envs.rewards.math import _gold_strings, extract_boxed, grade_math, stri
 
 __all__ = [
     "MATH_FUZZ",
+    "PROMPT_STYLES",
+    "check_prompt_style",
+    "fewshot_solver_messages",
+    "fewshot_verifier_messages",
     "gold_of",
     "grade_solution",
     "gsm8k_golden_task",
@@ -62,3 +66,54 @@ def gsm8k_golden_task() -> dict[str, Any]:
     from mas_envs.data import load_tasks
 
     return load_tasks("gsm8k-test", limit=1)[0]
+
+
+PROMPT_STYLES = ("paper", "fewshot")
+
+
+def check_prompt_style(style: object) -> str:
+    """Return `style` when it is one of `PROMPT_STYLES`, else raise `ValueError` naming them."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {style!r}")
+    return str(style)
+
+
+def fewshot_solver_messages(question: str, attempts: list[str] = ()) -> list[dict[str, str]]:
+    """The "fewshot" solver prompt: the worked examples as earlier chat turns, then the problem.
+
+    `attempts` are the solver's earlier (rejected) attempts: each follows as an assistant turn with a user
+    turn saying it was judged wrong and asking the problem again, so the model answers again in the same
+    conversation, in the examples' format.
+    """
+    from mas_envs.envs.math import prompts
+
+    msgs: list[dict[str, str]] = []
+    for q, a in prompts.FEWSHOT_SOLVER_EXAMPLES:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    msgs.append({"role": "user", "content": question})
+    for text in attempts:
+        retry = prompts.FEWSHOT_RETRY.format(question=question)
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": retry}]
+    return msgs
+
+
+def fewshot_verifier_messages(question: str, answer: str) -> list[dict[str, str]]:
+    """The "fewshot" verifier prompt: two example verdicts as chat turns, then the problem and the answer.
+
+    Only the end of a long answer is shown (`prompts.FEWSHOT_ANSWER_CHARS`), where its `\\boxed{}` is.
+    """
+    from mas_envs.envs.math import prompts
+
+    tail = strip_think(answer).strip()
+    if len(tail) > prompts.FEWSHOT_ANSWER_CHARS:
+        tail = "..." + tail[-prompts.FEWSHOT_ANSWER_CHARS :]
+    msgs: list[dict[str, str]] = []
+    for q, a, verdict in prompts.FEWSHOT_VERIFIER_EXAMPLES:
+        msgs += [
+            {"role": "user", "content": prompts.FEWSHOT_VERIFIER_QUERY.format(question=q, answer=a)},
+            {"role": "assistant", "content": verdict},
+        ]
+    msgs.append(
+        {"role": "user", "content": prompts.FEWSHOT_VERIFIER_QUERY.format(question=question, answer=tail)}
+    )
+    return msgs

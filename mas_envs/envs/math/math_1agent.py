@@ -19,11 +19,12 @@ The single-agent baseline for `math-2agent`: one solver answers once.
 `solver_turns` (always 1), for comparison with `math-2agent`.
 
 ## Arguments
-`tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty` (c, default 0.1),
+`prompt_style` (`"paper"`, default, or `"fewshot"`: the worked examples of `math-2agent`'s fewshot solver as
+earlier chat turns, then the bare problem), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty` (c, default 0.1),
 `render_mode` (`None` or `"ansi"`).
 
 ## Version history
-* v0: initial release.
+* v0: initial release; `prompt_style` added later (the default, `"paper"`, is the v0 prompt unchanged).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from mas_envs.envs.math import prompts
 from mas_envs.envs.math.common import (  # noqa: F401  (gold_of, require_gold: re-exported for 0.1 imports)
     MATH_FUZZ,
+    check_prompt_style,
+    fewshot_solver_messages,
     gold_of,
     grade_solution,
     gsm8k_golden_task,
@@ -53,12 +56,18 @@ class MathOneAgentEnv(TextAECEnv):
     fuzz_fragments = {"solver": MATH_FUZZ}
     default_tasks = "gsm8k-train"
 
+    def __init__(self, *, prompt_style: str = "paper", **kwargs: Any) -> None:
+        self.prompt_style = check_prompt_style(prompt_style)
+        super().__init__(**kwargs)
+
     def start_episode(self, task: dict[str, Any]) -> str:
         require_gold(task)
         self.answer_text: str | None = None
         return "solver"
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        if self.prompt_style == "fewshot":
+            return fewshot_solver_messages(self.task["question"])
         user = "\n\n".join(
             [prompts.PROBLEM.format(question=self.task["question"]), prompts.SOLVER_TASK_1AGENT.format()]
         )

@@ -31,13 +31,28 @@ Reported at the end in `infos[agent]["episode_metrics"]` (logged as `env/<name>`
 | `verifier_approve_rate` | fraction of the valid verdicts that approve. Absent with no valid verdict |
 | `rejection_fixed` | only in episodes where the verifier rejected a wrong attempt: 1 if the final answer is correct, else 0 (its mean is how often a rightful rejection led to a corrected answer) |
 
+## Prompt styles
+`prompt_style="paper"` (default): the system line names the agent's role; one user turn holds the problem,
+the whole team history (every attempt and review) and the role's instructions. Right for Qwen3-4B-scale
+models and the paper's runs.
+
+`prompt_style="fewshot"`, for small models (~100M parameters), which copy a format they have seen far better
+than they follow instructions and have little context to spare:
+* solver: two worked examples as earlier chat turns (`What is 2 + 3?` → `2 + 3 = 5. \boxed{5}`), then the
+  bare problem; after a rejection, its earlier attempt as an assistant turn and a user turn
+  `That answer is wrong. Try again: <problem>`;
+* verifier: four example verdicts as earlier chat turns (approve, reject, reject, approve; each a one-line
+  check ending in the tag), then `Problem: … / Answer: <the solver's latest answer, its last 400 characters> /
+  Is the answer correct?`. It does not see older attempts or reviews.
+The tags, parsing, rewards and turn order are the same in both styles.
+
 ## Arguments
 `max_loops` (most solver turns, default 2), `missing_verdict` (`"reject"` or `"approve"`, default
-`"reject"`), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty`
+`"reject"`), `prompt_style` (`"paper"` or `"fewshot"`, default `"paper"`), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty`
 (c, default 0.1), `render_mode` (`None` or `"ansi"`).
 
 ## Version history
-* v0: initial release.
+* v0: initial release; `prompt_style` added later (the default, `"paper"`, is the v0 prompt unchanged).
 """
 
 from __future__ import annotations
@@ -49,6 +64,9 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from mas_envs.envs.math import prompts
 from mas_envs.envs.math.common import (
     MATH_FUZZ,
+    check_prompt_style,
+    fewshot_solver_messages,
+    fewshot_verifier_messages,
     grade_solution,
     gsm8k_golden_task,
     require_gold,
@@ -72,10 +90,11 @@ class MathTwoAgentEnv(TextAECEnv):
     Args:
         max_loops: most solver turns (>= 1).
         missing_verdict: routing of a verifier reply without a verdict: `"reject"` or `"approve"`.
+        prompt_style: `"paper"` (default) or `"fewshot"` (small models; see the module docstring).
         **kwargs: `TextAECEnv` arguments (`tasks`, `invalid_action_penalty`, `render_mode`).
 
     Raises:
-        ValueError: `max_loops < 1` or an unknown `missing_verdict`.
+        ValueError: `max_loops < 1`, an unknown `missing_verdict` or an unknown `prompt_style`.
     """
 
     metadata = {"name": "math-2agent-v0", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -94,11 +113,19 @@ class MathTwoAgentEnv(TextAECEnv):
     }
     default_tasks = "gsm8k-train"
 
-    def __init__(self, *, max_loops: int = 2, missing_verdict: str = "reject", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        max_loops: int = 2,
+        missing_verdict: str = "reject",
+        prompt_style: str = "paper",
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(max_loops, int) or max_loops < 1:
             raise ValueError(f"max_loops must be an int >= 1, got {max_loops!r}")
         if missing_verdict not in ("reject", "approve"):
             raise ValueError(f'missing_verdict must be "reject" or "approve", got {missing_verdict!r}')
+        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(**kwargs)
         self.max_loops = max_loops
         self.missing_verdict = missing_verdict
@@ -121,6 +148,11 @@ class MathTwoAgentEnv(TextAECEnv):
         return bool(self._attempts_correct[i])
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        if self.prompt_style == "fewshot":
+            question = self.task["question"]
+            if agent == "solver":
+                return fewshot_solver_messages(question, [t for who, t in self.history if who == "solver"])
+            return fewshot_verifier_messages(question, self.last_solution or "")
         parts = [prompts.PROBLEM.format(question=self.task["question"])]
         if self.history:
             entries, n = [prompts.HISTORY_HEADER], {"solver": 0, "verifier": 0}
