@@ -178,3 +178,14 @@ def test_math_helpers_have_their_own_module():
         common.require_gold({"question": "q", "answer": "  "})
     assert common.grade_solution("\\boxed{18}", {"answer": "18"}) is True
     assert common.grade_solution(None, {"answer": "18"}) is False
+
+
+def test_check_env_checks_the_episode_metrics_contract():
+    from mas_envs.testing import check_env
+
+    class NanMetric(NewEnv):
+        def episode_outcome(self) -> Outcome:
+            return Outcome(0.0, False, metrics={"score": float("nan")})
+
+    with pytest.raises(AssertionError, match=r"\['episode_metrics'\] must be a dict of str -> finite float"):
+        check_env(lambda **kw: NanMetric(**{"tasks": [TASK], **kw}), fuzz_episodes=5)
