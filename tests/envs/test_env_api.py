@@ -183,9 +183,9 @@ def test_math_helpers_have_their_own_module():
 def test_check_env_checks_the_episode_metrics_contract():
     from mas_envs.testing import check_env
 
-    class NanMetric(NewEnv):
+    class InfMetric(NewEnv):
         def episode_outcome(self) -> Outcome:
-            return Outcome(0.0, False, metrics={"score": float("nan")})
+            return Outcome(0.0, False, metrics={"score": float("inf")})
 
     with pytest.raises(AssertionError, match=r"\['episode_metrics'\] must be a dict of str -> finite float"):
-        check_env(lambda **kw: NanMetric(**{"tasks": [TASK], **kw}), fuzz_episodes=5)
+        check_env(lambda **kw: InfMetric(**{"tasks": [TASK], **kw}), fuzz_episodes=5)
