@@ -180,12 +180,13 @@ def test_math_helpers_have_their_own_module():
     assert common.grade_solution(None, {"answer": "18"}) is False
 
 
+class InfMetric(NewEnv):
+    def episode_outcome(self) -> Outcome:
+        return Outcome(0.0, False, metrics={"score": float("inf")})
+
+
 def test_check_env_checks_the_episode_metrics_contract():
     from mas_envs.testing import check_env
-
-    class InfMetric(NewEnv):
-        def episode_outcome(self) -> Outcome:
-            return Outcome(0.0, False, metrics={"score": float("inf")})
 
     with pytest.raises(AssertionError, match=r"\['episode_metrics'\] must be a dict of str -> finite float"):
         check_env(lambda **kw: InfMetric(**{"tasks": [TASK], **kw}), fuzz_episodes=5)
