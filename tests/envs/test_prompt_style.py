@@ -50,16 +50,16 @@ def test_fewshot_verifier_sees_the_problem_and_only_the_latest_answer():
     env = started("math-2agent", prompt_style="fewshot", max_loops=3)
     env.step("<think>hmm</think>5 - 4 = 2. \\boxed{2}")
     msgs = env.unwrapped.infos["verifier"]["messages"]
-    assert len(msgs) == 2 * len(prompts.FEWSHOT_VERIFIER_EXAMPLES) + 1
-    assert [m["role"] for m in msgs[:-1]] == ["user", "assistant"] * len(prompts.FEWSHOT_VERIFIER_EXAMPLES)
-    verdicts = [m["content"].split(" <verify>")[1] for m in msgs[1::2]]
+    n = len(prompts.FEWSHOT_VERIFIER_EXAMPLES)
+    assert msgs[0] == {"role": "system", "content": "Check the answer."}
+    assert len(msgs) == 2 + 2 * n
+    assert [m["role"] for m in msgs[1:-1]] == ["user", "assistant"] * n
+    verdicts = [m["content"].split("<verify>")[1] for m in msgs[2:-1:2]]
     a, r = "approve</verify>", "reject</verify>"
     assert verdicts == [a, r, r, a]  # alternating, so no verdict is merely "the last example's"
-    # the think block is dropped: the verifier judges the answer
-    assert msgs[-1] == {
-        "role": "user",
-        "content": "Problem: Calculate 5 + -4.\nAnswer: 5 - 4 = 2. \\boxed{2}\nIs the answer correct?",
-    }
+    assert msgs[1] == {"role": "user", "content": "What is 2 + 3?\n2 + 3 = 5. \\boxed{5}"}
+    # the live turn: the problem and the latest answer, its think block dropped
+    assert msgs[-1] == {"role": "user", "content": "Calculate 5 + -4.\n5 - 4 = 2. \\boxed{2}"}
     env.step("5 - 4 = 1, so 2 is wrong. <verify>reject</verify>")
     # the solver answers again in the same conversation
     assert env.unwrapped.infos["solver"]["messages"] == [
@@ -71,8 +71,7 @@ def test_fewshot_verifier_sees_the_problem_and_only_the_latest_answer():
     long = "x" * 1000 + " \\boxed{1}"
     env.step(long)
     last = env.unwrapped.infos["verifier"]["messages"][-1]["content"]
-    assert "Calculate 5 + -4." in last and "Answer: ..." + long[-400:] + "\n" in last
-    assert len(last) < 500  # only the latest attempt, and only its end
+    assert last == "Calculate 5 + -4.\n..." + long[-400:]  # only the latest attempt, and only its end
     env.step("<verify>approve</verify>")
     assert env.unwrapped.infos["solver"]["team_reward"] == 1.0  # same rewards in both styles
 

@@ -108,6 +108,8 @@ def fewshot_verifier_messages(question: str, answer: str) -> list[dict[str, str]
     if len(tail) > prompts.FEWSHOT_ANSWER_CHARS:
         tail = "..." + tail[-prompts.FEWSHOT_ANSWER_CHARS :]
     msgs: list[dict[str, str]] = []
+    if prompts.FEWSHOT_VERIFIER_SYSTEM:
+        msgs.append({"role": "system", "content": prompts.FEWSHOT_VERIFIER_SYSTEM})
     for q, a, verdict in prompts.FEWSHOT_VERIFIER_EXAMPLES:
         msgs += [
             {"role": "user", "content": prompts.FEWSHOT_VERIFIER_QUERY.format(question=q, answer=a)},

@@ -41,9 +41,10 @@ than they follow instructions and have little context to spare:
 * solver: two worked examples as earlier chat turns (`What is 2 + 3?` → `2 + 3 = 5. \boxed{5}`), then the
   bare problem; after a rejection, its earlier attempt as an assistant turn and a user turn
   `That answer is wrong. Try again: <problem>`;
-* verifier: four example verdicts as earlier chat turns (approve, reject, reject, approve; each a one-line
-  check ending in the tag), then `Problem: … / Answer: <the solver's latest answer, its last 400 characters> /
-  Is the answer correct?`. It does not see older attempts or reviews.
+* verifier: a one-line system turn (`Check the answer.`) and four example verdicts as earlier chat turns
+  (approve, reject, reject, approve; each a one-line check ending in the tag), then
+  `<problem>\n<the solver's latest answer, think block dropped, its last 400 characters>`. It does not see
+  older attempts or reviews.
 The tags, parsing, rewards and turn order are the same in both styles.
 
 ## Arguments

@@ -52,16 +52,19 @@ FEWSHOT_SOLVER_EXAMPLES = (
 )
 # After a rejection the problem is asked again, so the retry turn looks like the examples' turns.
 FEWSHOT_RETRY = "That answer is wrong. Try again: {question}"
-FEWSHOT_VERIFIER_QUERY = "Problem: {question}\nAnswer: {answer}\nIs the answer correct?"
-# Four example verdicts, alternating approve / reject / reject / approve: with two, SmolLM2-135M mostly copied
-# the last example's verdict (0 approvals in 22 valid verdicts on 16 right + 16 wrong answers); with these
-# four it gave a valid tag in 28/32 replies, 12 of them approvals, 18 right (T = 0.7): near chance, so the
-# verifier has a learning signal in both directions.
+# The verifier's live turn is `<problem>\n<latest answer>`, after a one-line system turn (the chat template's
+# default system turn is longer) and four example verdicts, alternating approve / reject / reject / approve:
+# with two examples SmolLM2-135M mostly copied the last example's verdict (0 approvals in 22 valid verdicts
+# on 16 right + 16 wrong answers). With these it gave a valid tag in 30/32 replies, 8 of them approvals, 14
+# right (T = 0.7): a format it reaches, with verdicts near chance, so the verifier has a signal to learn from.
+# This compact form is 244 prompt tokens; a "Problem: / Answer: / Is the answer correct?" form was 331.
+FEWSHOT_VERIFIER_SYSTEM: str | None = "Check the answer."
+FEWSHOT_VERIFIER_QUERY = "{question}\n{answer}"
 FEWSHOT_VERIFIER_EXAMPLES = (
-    ("What is 2 + 3?", "2 + 3 = 5. \\boxed{5}", "2 + 3 = 5, so 5 is correct. <verify>approve</verify>"),
+    ("What is 2 + 3?", "2 + 3 = 5. \\boxed{5}", "5 is correct. <verify>approve</verify>"),
     ("What is 4 - 7?", "4 - 7 = 3. \\boxed{3}", "4 - 7 = -3, so 3 is wrong. <verify>reject</verify>"),
     ("What is 6 + 1?", "6 + 1 = 8. \\boxed{8}", "6 + 1 = 7, so 8 is wrong. <verify>reject</verify>"),
-    ("What is 9 - 5?", "9 - 5 = 4. \\boxed{4}", "9 - 5 = 4, so 4 is correct. <verify>approve</verify>"),
+    ("What is 9 - 5?", "9 - 5 = 4. \\boxed{4}", "4 is correct. <verify>approve</verify>"),
 )
 # The verifier sees at most this many characters of the solver's latest answer (its end, where the box is).
 FEWSHOT_ANSWER_CHARS = 400
