@@ -45,6 +45,7 @@ than they follow instructions and have little context to spare:
   (approve, reject, reject, approve; each a one-line check ending in the tag), then
   `<problem>\n<the solver's latest answer, think block dropped, its last 400 characters>`. It does not see
   older attempts or reviews.
+
 The tags, parsing, rewards and turn order are the same in both styles.
 
 ## Arguments
