@@ -17,11 +17,11 @@ class EchoEnv(TextAECEnv):
     possible_agents = ("writer", "checker")
     stop_strings = {"writer": (), "checker": ("<ok>", "<again>")}
 
-    def _start(self, task: dict[str, Any]) -> str:
+    def start_episode(self, task: dict[str, Any]) -> str:
         self.word = None
         return "writer"
 
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         ask = (
             "Write the word asked for."
             if agent == "writer"
@@ -32,7 +32,7 @@ class EchoEnv(TextAECEnv):
             {"role": "user", "content": f"{self.task['question']}\n{ask}"},
         ]
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         if agent == "writer":
             self.word = action.strip()
             return Transition(invalid=not self.word, next_agent="checker")
@@ -40,7 +40,7 @@ class EchoEnv(TextAECEnv):
             return Transition(invalid=False, next_agent=None)
         return Transition(invalid="<again>" not in action, next_agent="writer")
 
-    def _outcome(self) -> Outcome:
+    def episode_outcome(self) -> Outcome:
         ok = self.word == self.task["answer"]
         return Outcome(team_reward=float(ok), success=ok)
 

@@ -23,27 +23,39 @@ What the base class does
 
 Writing an environment: the subclass hooks
 ------------------------------------------
-A subclass sets these class attributes:
+A subclass sets these class attributes (the typed block, as in PettingZoo's ``utils/env.py``)::
 
-* `metadata = {"name": "my_env_v0", "render_modes": ["ansi"], "is_parallelizable": False}`
-* `possible_agents: tuple[str, ...]`, e.g. `("solver", "verifier")`.
-* `stop_strings: dict[str, tuple[str, ...]]`: per agent, strings after which generation must stop.
-* `default_invalid_action_penalty: float` (the coefficient c; the `invalid_action_penalty=` kwarg overrides).
-* `default_tasks: str | None`: a bundled data set name or a path, loaded lazily on the first reset that needs
-  the env's own task list (see `mas_envs.data.load_tasks`).
-* optionally `fuzz_fragments: dict[str, tuple[str, ...]]`: strings (tags) that the action space's `sample()`
-  mixes into random text, so random-action tests reach the valid branches too.
+    metadata: dict[str, Any]                       # {"name": "my-env-v0", "render_modes": ["ansi"],
+                                                   #  "is_parallelizable": False}
+    possible_agents: tuple[str, ...]               # e.g. ("solver", "verifier")
+    stop_strings: dict[str, tuple[str, ...]]       # per agent, strings after which generation must stop
+    default_invalid_action_penalty: float          # the coefficient c (the invalid_action_penalty= kwarg wins)
+    default_tasks: str | None                      # task spec of the env's own (training) task list
+    default_eval_tasks: str | None                 # task spec of its held-out evaluation set
+    fuzz_fragments: dict[str, tuple[str, ...]]     # optional: tags UnicodeText.sample() mixes into random text
 
-and implements these methods (all called by the base class; none of them touches rewards or dones):
+A task spec is anything `mas_envs.data.load_tasks` accepts: a bundled set name, a path, a hub id or a
+reasoning-gym spec (``rg:basic_arithmetic?seed=1``). `default_tasks` is loaded lazily on the first reset that
+needs the env's own task list. `eval_task_source()` (a classmethod) is the one place trainers and `mas-eval`
+read the default evaluation set from: `default_eval_tasks`, else the bundled ``-test`` twin of a bundled
+``-train`` `default_tasks`, else `None` (then the caller must be given an eval set).
 
-* `_start(self, task: dict) -> str`: set up episode state for `task` and return the first agent to act.
-* `_prompt(self, agent: str) -> list[dict[str, str]]`: that agent's prompt now, as chat messages.
-* `_act(self, agent: str, action: str) -> Transition`: parse the action, update the episode state and say
-  whether it was invalid and who acts next (`next_agent=None` ends the episode). It must not raise on any str.
-* `_outcome(self) -> Outcome`: the team reward R and success, called once when the episode ends.
-* optionally `_note(text)` (call it to add an env message, such as retrieved passages, to the transcript) and
-  the classmethods `golden_episodes()` (`GoldenEpisode`s that `mas_envs.testing.check_env` replays) and
-  `conformance_kwargs()` (constructor kwargs for those checks, e.g. a stub retriever).
+and implements these public hooks (all called by the base class; none of them touches rewards or dones):
+
+* `start_episode(self, task: dict) -> str`: set up episode state for `task` and return the first agent to act.
+* `prompt_messages(self, agent: str) -> list[dict[str, str]]`: that agent's prompt now, as chat messages.
+* `apply_action(self, agent: str, action: str) -> Transition`: parse the action, update the episode state and
+  say whether it was invalid and who acts next (`next_agent=None` ends the episode). It must not raise on any
+  str.
+* `episode_outcome(self) -> Outcome`: the team reward R, success and optional per-episode metrics, called
+  once when the episode ends.
+* optionally call `add_note(text)` to add an env message (such as retrieved passages) to the transcript, and
+  define the classmethods `golden_episodes()` (`GoldenEpisode`s that `mas_envs.testing.check_env` replays)
+  and `conformance_kwargs()` (constructor kwargs for those checks, e.g. a stub retriever).
+
+The hook names of mas-rl 0.1 (`_start`, `_prompt`, `_act`, `_outcome`, `_note`) still work for one version: a
+subclass that defines an old name (and not the new one) gets a `DeprecationWarning` naming the new one when the
+class is created, and the base class calls the old method through the new name.
 
 Then give the module an `env(**kwargs)` function (`wrap(MyEnv(**kwargs))`) and register it (see
 `mas_envs.registration`). `examples/custom_env.py` is a complete, runnable example.
@@ -55,6 +67,7 @@ import functools
 import hashlib
 import numbers
 import string
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -141,7 +154,7 @@ class UnicodeText(spaces.Text):
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """What an agent's action did, as returned by `TextAECEnv._act`.
+    """What an agent's action did, as returned by `TextAECEnv.apply_action`.
 
     Attributes:
         invalid: the action was malformed (the acting agent gets the penalty `-c`).
@@ -154,7 +167,7 @@ class Transition:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The end-of-episode result, as returned by `TextAECEnv._outcome`.
+    """The end-of-episode result, as returned by `TextAECEnv.episode_outcome`.
 
     Attributes:
         team_reward: R, given to every agent (the paper's shared outcome reward; penalties not included).
@@ -229,6 +242,28 @@ def _load_shared(source: str) -> tuple[Mapping[str, Any], ...]:
     return tuple(load_tasks(source))
 
 
+# old private hook name -> public name (the old names work, with a DeprecationWarning, in 0.1.x)
+_RENAMED_HOOKS = {
+    "_start": "start_episode",
+    "_prompt": "prompt_messages",
+    "_act": "apply_action",
+    "_outcome": "episode_outcome",
+}
+
+
+def _legacy_hook(old: str, new: str):
+    """A public hook that calls the subclass's old-named method (looked up at call time, so a further
+    subclass that overrides the old name is honoured too)."""
+
+    def hook(self, *args):
+        return getattr(self, old)(*args)
+
+    hook.__name__ = hook.__qualname__ = new
+    hook.__doc__ = f"Calls the deprecated `{old}` (rename it to `{new}`)."
+    hook._mas_legacy_alias = True  # type: ignore[attr-defined]
+    return hook
+
+
 def wrap(env: TextAECEnv) -> OrderEnforcingWrapper:
     """Add PettingZoo's `OrderEnforcingWrapper` (errors on use before `reset`, on a missing `step`)."""
     return OrderEnforcingWrapper(env)
@@ -259,23 +294,64 @@ class TextAECEnv(AECEnv[str, str, str]):
     fuzz_fragments: ClassVar[dict[str, tuple[str, ...]]] = {}
     default_invalid_action_penalty: ClassVar[float] = 0.1
     default_tasks: ClassVar[str | None] = None
+    default_eval_tasks: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for old, new in _RENAMED_HOOKS.items():
+            if old not in cls.__dict__:
+                continue
+            if new in cls.__dict__:
+                continue  # the class defines both: the public hook is the one the base calls
+            # Also when a parent env defines `new` (a subclass of a built-in env overriding `_prompt`): the
+            # override must not be silently ignored.
+            warnings.warn(
+                f"{cls.__name__}.{old} is deprecated: rename it to {new} (the old hook names work in "
+                "mas-rl 0.1.x only)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if not getattr(getattr(cls, new), "_mas_legacy_alias", False):
+                setattr(cls, new, _legacy_hook(old, new))
 
     # --- hooks a subclass implements -------------------------------------------------------------------
-    def _start(self, task: dict[str, Any]) -> str:
-        """Set up the episode for `task`; return the first agent to act."""
-        raise NotImplementedError
+    def start_episode(self, task: dict[str, Any]) -> str:
+        """Set up the episode for `task` (a row dict, already copied); return the first agent to act.
 
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
-        """That agent's prompt in the current state, as chat messages."""
-        raise NotImplementedError
+        Raise `ValueError` for a task the env cannot play (e.g. no gold answer): `reset` passes it on.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement start_episode(task)")
 
-    def _act(self, agent: str, action: str) -> Transition:
-        """Apply `agent`'s text action; must not raise on any string."""
-        raise NotImplementedError
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        """That agent's prompt in the current state, as chat messages (`{"role": ..., "content": ...}`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement prompt_messages(agent)")
 
-    def _outcome(self) -> Outcome:
-        """Team reward and success of the finished episode."""
-        raise NotImplementedError
+    def apply_action(self, agent: str, action: str) -> Transition:
+        """Apply `agent`'s text action: update the episode state and route. Must not raise on any string."""
+        raise NotImplementedError(f"{type(self).__name__} must implement apply_action(agent, action)")
+
+    def episode_outcome(self) -> Outcome:
+        """Team reward, success and per-episode metrics of the finished episode (called once)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement episode_outcome()")
+
+    @classmethod
+    def eval_task_source(cls) -> str | None:
+        """The task spec of this env's default evaluation set, or `None` when it has none.
+
+        `default_eval_tasks` when set; else, when `default_tasks` is a bundled ``<name>-train`` set with a
+        bundled ``<name>-test`` twin, that twin; else `None`. Trainers and `mas-eval` call this (and only
+        this) when no eval set is configured; with `None` they must ask the user for one.
+        """
+        if cls.default_eval_tasks is not None:
+            return cls.default_eval_tasks
+        train = cls.default_tasks
+        if isinstance(train, str) and train.endswith("-train"):
+            from mas_envs.data import BUNDLED
+
+            twin = train[: -len("-train")] + "-test"
+            if twin in BUNDLED:
+                return twin
+        return None
 
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:
@@ -413,7 +489,7 @@ class TextAECEnv(AECEnv[str, str, str]):
         self.infos = {a: {"invalid_action": False} for a in self.agents}
         self._skip_agent_selection = None
         try:
-            first = self._start(task)
+            first = self.start_episode(task)
             self._check_agent(first)
         except BaseException:
             self.agents = []  # a half-started episode must not be playable
@@ -423,7 +499,7 @@ class TextAECEnv(AECEnv[str, str, str]):
 
     def observe(self, agent: str) -> str:
         """The agent's full prompt (its chat messages joined by `messages_to_text`)."""
-        return messages_to_text(self._prompt(agent))
+        return messages_to_text(self.prompt_messages(agent))
 
     def step(self, action: str | None) -> None:
         """Apply the selected agent's text action (`None` only for a terminated or truncated agent).
@@ -443,7 +519,7 @@ class TextAECEnv(AECEnv[str, str, str]):
             action = ""
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
-        transition = self._act(agent, action)
+        transition = self.apply_action(agent, action)
         if not_text:
             transition = Transition(invalid=True, next_agent=transition.next_agent)
         self.transcript.append(TranscriptEntry(self.turn, agent, action, transition.invalid))
@@ -454,7 +530,7 @@ class TextAECEnv(AECEnv[str, str, str]):
         if transition.next_agent is None or (self.max_turns is not None and self.turn >= self.max_turns):
             self.truncated = transition.next_agent is not None
             done = self.truncations if self.truncated else self.terminations
-            outcome = self.outcome = self._outcome()
+            outcome = self.outcome = self.episode_outcome()
             for a in self.agents:
                 done[a] = True
                 self.rewards[a] += float(outcome.team_reward)
@@ -493,9 +569,14 @@ class TextAECEnv(AECEnv[str, str, str]):
         """Nothing to release (envs hold no sockets or files)."""
 
     # --- helpers for subclasses ---------------------------------------------------------------------------
-    def _note(self, text: str) -> None:
+    def add_note(self, text: str) -> None:
         """Add an env message (e.g. retrieved passages) to the transcript at the current turn."""
         self.transcript.append(TranscriptEntry(self.turn, "env", text))
+
+    def _note(self, text: str) -> None:
+        """Deprecated name of `add_note` (works in mas-rl 0.1.x only)."""
+        warnings.warn("TextAECEnv._note is deprecated: call add_note", DeprecationWarning, stacklevel=2)
+        self.add_note(text)
 
     def _check_agent(self, agent: str) -> None:
         if agent not in self.possible_agents:
@@ -506,6 +587,6 @@ class TextAECEnv(AECEnv[str, str, str]):
     def _refresh_infos(self) -> None:
         for a in self.agents:
             info = self.infos[a]
-            info["messages"] = self._prompt(a)
+            info["messages"] = self.prompt_messages(a)
             info["turn"] = self.turn
             info["task_id"] = self.task_id

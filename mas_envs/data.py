@@ -13,12 +13,22 @@ Bundled sets (real data, shipped gzip'd inside the package with their licences i
 | `math-train` | 7498 | MATH train (hendrycks/math); 2 rows with an empty gold answer dropped | MIT |
 | `math500` | 500 | MATH-500 (PRM800K test subset of MATH) | MIT |
 
+Sets built by code rather than read from one file (`TASK_LOADERS`): `hotpotqa` and `hotpotqa-dev` (the
+search envs' training and evaluation splits of the 150 bundled HotpotQA dev questions, 100 and 50, sharing no
+question; CC BY-SA 4.0, `mas_envs.envs.search.data`).
+
+Procedural sets from reasoning-gym generators: a spec ``rg:<generator>?<param>=<value>&...``, e.g.
+``rg:basic_arithmetic?size=500&seed=1&min_terms=2&max_terms=2&max_digits=1`` (syntax and row schema in
+`mas_envs.procedural`). Train and eval sets of one generator use different seeds; `drop_overlap` removes
+the questions they still share.
+
 Sets whose licence is unclear (AIME, AMC) are not bundled: load them from a path you give.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import warnings
 from collections.abc import Mapping, Sequence
@@ -27,7 +37,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUNDLED", "BundledSet", "load_tasks", "normalize_rows"]
+__all__ = ["BUNDLED", "TASK_LOADERS", "BundledSet", "drop_overlap", "load_tasks", "normalize_rows"]
 
 _QUESTION_FIELDS = ("question", "problem", "query", "prompt")
 # "final_answer" before "answer": in GSM8K-style rows `answer` is the worked solution, not the gold.
@@ -58,6 +68,14 @@ BUNDLED: dict[str, BundledSet] = {
     "gsm8k-test": BundledSet("gsm8k_test.jsonl.gz", "gsm8k", {"answer": "final_answer"}, None, "test"),
     "math-train": BundledSet("math_train.jsonl.gz", "math", {"question": "problem"}, "unique_id", "train"),
     "math500": BundledSet("math500_test.jsonl.gz", "math500", {"question": "problem"}, "unique_id", "test"),
+}
+
+
+# Named sets made by a function (``"module:function"``, imported on first use so `import mas_envs` stays light).
+# The function takes no arguments and returns task rows in the schema above.
+TASK_LOADERS: dict[str, str] = {
+    "hotpotqa": "mas_envs.envs.search.data:bundled_hotpotqa",
+    "hotpotqa-dev": "mas_envs.envs.search.data:bundled_hotpotqa_dev",
 }
 
 
@@ -151,10 +169,13 @@ def load_tasks(
     hub ids need network access unless already cached. Bundled sets are read directly (fast, no cache).
 
     Args:
-        source: a name in `BUNDLED`, a file path, or a Hugging Face hub id.
+        source: a name in `BUNDLED` or `TASK_LOADERS`, a reasoning-gym spec (``rg:<generator>?...``, see
+            `mas_envs.procedural`), a file path, or a Hugging Face hub id.
         split: split to load for hub ids (files have a single split).
         fields: `{our field: source column}` mapping (see `normalize_rows`).
-        data_source: `data_source` of the rows (default: bundled name / file stem / hub id).
+        data_source: `data_source` of every row (default: the bundled set's source; for a file or hub id
+            each row's own `data_source` column, else the file stem / hub id; for an rg: spec
+            ``reasoning_gym/<generator>``).
         id_field: column holding a unique row id (default: `id` when present, else
             `"<data_source>/<row index>"`).
         limit: keep only the first `limit` rows.
@@ -168,11 +189,24 @@ def load_tasks(
     Raises:
         FileNotFoundError: `source` looks like a path (has a suffix or a separator) but does not exist.
         KeyError: rows lack a question or answer field.
-        ValueError: `limit` is negative.
+        ValueError: `limit` is negative, or an rg: spec is malformed (unknown generator or parameter).
+        ImportError: an rg: spec without reasoning-gym installed.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit!r}")
     source = str(source)
+    from mas_envs.procedural import is_rg_spec, load_rg_tasks
+
+    if is_rg_spec(source) or source in TASK_LOADERS:
+        if is_rg_spec(source):
+            tasks = load_rg_tasks(source)
+        else:
+            module, _, func = TASK_LOADERS[source].partition(":")
+            tasks = [dict(r) for r in getattr(importlib.import_module(module), func)()]
+        if data_source is not None:
+            for t in tasks:
+                t["data_source"] = data_source
+        return tasks[:limit] if limit is not None else tasks
     if source in BUNDLED:
         b = BUNDLED[source]
         rows = _read_jsonl(_bundled_path(source))
@@ -200,12 +234,13 @@ def load_tasks(
         name = source
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    source_name = data_source or name
+    # A row's own data_source column wins over the file stem (a mixed file reports avg@k per source); an
+    # explicit data_source= argument wins over both.
     tasks = normalize_rows(
         list(ds),
         fields=fields,
-        data_source=source_name,
-        id_prefix=source_name,
+        data_source=data_source,
+        id_prefix=data_source or name,
         id_field=id_field,
         drop_empty_answers=True,
     )
@@ -216,3 +251,45 @@ def load_tasks(
             stacklevel=2,
         )
     return tasks
+
+
+def _question_key(q: Any) -> str:
+    return " ".join(str(q).split()).casefold()
+
+
+def drop_overlap(
+    train: Sequence[Mapping[str, Any]], held_out: Sequence[Mapping[str, Any]], *, what: str = "train"
+) -> list[dict[str, Any]]:
+    """`train` without the rows whose question is also in `held_out` (whitespace and case ignored).
+
+    Procedural generators repeat questions across seeds when their space is small (two one-digit terms give
+    a few hundred distinct questions), so two seeds of one generator are not disjoint by themselves. Call
+    this with the training rows and the evaluation rows: it warns with the count when it drops any.
+
+    Args:
+        train: the rows to filter (not modified).
+        held_out: the evaluation rows.
+        what: the name of `train` in the warning.
+
+    Returns:
+        The kept rows (as dicts, in their order).
+
+    Raises:
+        ValueError: every row of `train` is in `held_out` (nothing would be left to train on).
+    """
+    seen = {_question_key(r.get("question")) for r in held_out}
+    kept = [dict(r) for r in train if _question_key(r.get("question")) not in seen]
+    dropped = len(train) - len(kept)
+    if train and not kept:
+        raise ValueError(
+            f"all {len(train)} {what} questions also appear in the evaluation set: use another seed or a "
+            "harder generator setting, or a larger generator space"
+        )
+    if dropped:
+        warnings.warn(
+            f"dropped {dropped} of {len(train)} {what} rows whose question is also in the evaluation set "
+            "(train and eval must not overlap)",
+            UserWarning,
+            stacklevel=2,
+        )
+    return kept

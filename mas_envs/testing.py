@@ -18,7 +18,8 @@ The checks, in order:
    `ALLOWED_WARNINGS` (warnings that hold for any text env: non-NumPy observations, non-Box spaces, agent
    names without a `_<number>` suffix).
 2. The design contract: `stop_strings` (a tuple of str per agent), `invalid_action_penalty`, the `infos`
-   keys `messages` / `turn` / `task_id` / `invalid_action`, and `team_reward` / `success` at the end.
+   keys `messages` / `turn` / `task_id` / `invalid_action`, and `team_reward` / `success` /
+   `episode_metrics` (str -> finite float) at the end.
 3. PettingZoo's `seed_test`, and: the same seed and the same actions give an identical transcript.
 4. Pickling after `reset`: the copy plays on exactly like the original.
 5. Random play (`fuzz_episodes` episodes of `action_space(agent).sample()` text, thousands of actions): no
@@ -150,6 +151,10 @@ def play_random_episode(env: Any, rng: np.random.Generator, seed: int) -> tuple[
             assert "team_reward" in info and "success" in info, (
                 f"infos[{agent!r}] lacks team_reward/success at the end"
             )
+            metrics = info.get("episode_metrics")
+            assert isinstance(metrics, dict) and all(
+                isinstance(k, str) and isinstance(v, float) and math.isfinite(v) for k, v in metrics.items()
+            ), f"infos[{agent!r}]['episode_metrics'] must be a dict of str -> finite float, got {metrics!r}"
             final_info[agent] = dict(info)
             env.step(None)
             continue

@@ -4,8 +4,8 @@
 ``mas-eval`` and the start-up checks all call them):
 
 * training: ``train_data`` if set, else the env's own task list (its ``default_tasks`` or ``tasks=`` kwarg);
-* evaluation: ``eval_data`` if set, else the env's ``default_eval_tasks``, else the ``-test`` twin of its
-  bundled ``-train`` set (``gsm8k-train`` → ``gsm8k-test``).
+* evaluation: ``eval_data`` if set, else the env's own evaluation set (``TextAECEnv.eval_task_source``: its
+  ``default_eval_tasks``, or the ``-test`` twin of a bundled ``-train`` set, ``gsm8k-train`` → ``gsm8k-test``).
 
 A source is anything :func:`mas_envs.data.load_tasks` reads: a bundled set name, a file, or a procedural spec.
 :class:`TaskSampler` fixes the training order so that a resumed run draws exactly the batches an uninterrupted
@@ -44,21 +44,12 @@ def train_tasks(cfg: Any, env: Any) -> list[dict[str, Any]]:
 
 
 def eval_source(cfg: Any, env: Any) -> Any:
-    """The evaluation source of ``cfg`` for ``env`` (see the module docstring), or ``None`` if there is none."""
-    from mas_envs.data import BUNDLED
-
+    """The evaluation source of ``cfg`` for ``env``: ``eval_data``, else the env's own
+    (``TextAECEnv.eval_task_source``), else ``None``."""
     if cfg.eval_data is not None:
         return cfg.eval_data
-    unwrapped = env.unwrapped
-    src = getattr(unwrapped, "default_eval_tasks", None)
-    if src is not None:
-        return src
-    train = getattr(unwrapped, "default_tasks", None)
-    if isinstance(train, str) and train.endswith("-train"):
-        guess = train[: -len("-train")] + "-test"
-        if guess in BUNDLED:
-            return guess
-    return None
+    own = getattr(env.unwrapped, "eval_task_source", None)
+    return own() if callable(own) else None
 
 
 def eval_tasks(cfg: Any, env: Any, *, limit: int | None = None) -> list[dict[str, Any]]:

@@ -24,17 +24,17 @@ class RelayEnv(TextAECEnv):
     possible_agents = ("alice", "bob")
     stop_strings = {"bob": ("done",)}
 
-    def _start(self, task: dict[str, Any]) -> str:
+    def start_episode(self, task: dict[str, Any]) -> str:
         self.said: list[str] = []
         return "alice"
 
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         return [
             {"role": "system", "content": f"You are {agent}."},
             {"role": "user", "content": f"{self.task['question']} | so far: {' '.join(self.said)}"},
         ]
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         if agent == "bob" and action == "done":
             return Transition(invalid=False, next_agent=None)
         valid = action.strip().isdecimal()
@@ -42,7 +42,7 @@ class RelayEnv(TextAECEnv):
             self.said.append(action.strip())
         return Transition(invalid=not valid, next_agent="bob" if agent == "alice" else "alice")
 
-    def _outcome(self) -> Outcome:
+    def episode_outcome(self) -> Outcome:
         ok = bool(self.said) and self.said[-1] == self.task["answer"]
         return Outcome(1.0 if ok else 0.0, ok)
 
@@ -197,10 +197,10 @@ def test_task_options_errors_are_clear():
 
 def test_a_failed_reset_leaves_no_live_agents():
     class Picky(RelayEnv):
-        def _start(self, task):
+        def start_episode(self, task):
             if task.get("answer") is None:
                 raise ValueError("no answer")
-            return super()._start(task)
+            return super().start_episode(task)
 
     env = Picky(tasks=TASKS)
     env.reset(options={"task_index": 0})

@@ -125,3 +125,22 @@ def test_rows_without_a_gold_answer_are_skipped_with_a_warning(tmp_path):
 def test_negative_limit_is_an_error():
     with pytest.raises(ValueError, match="limit"):
         load_tasks("gsm8k-test", limit=-1)
+
+
+def test_a_rows_own_data_source_wins_over_the_file_stem(tmp_path):
+    # regression (issue 9): the file stem used to overwrite every row's data_source, so a mixed file
+    # reported avg@k as one source
+    path = tmp_path / "mixed.jsonl"
+    rows = [
+        {"question": "1+1?", "answer": "2", "data_source": "aime24"},
+        {"question": "2+2?", "answer": "4", "data_source": "amc23"},
+        {"question": "3+3?", "answer": "6"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = load_tasks(path)
+    assert [(t["data_source"], t["id"]) for t in got] == [
+        ("aime24", "mixed/0"),
+        ("amc23", "mixed/1"),
+        ("mixed", "mixed/2"),
+    ]
+    assert [t["data_source"] for t in load_tasks(path, data_source="all")] == ["all", "all", "all"]

@@ -88,9 +88,10 @@ def test_pprint_registry_lists_ids(capsys):
 
 def test_import_is_light():
     code = (
-        "import sys, mas_envs, mas_envs.testing, mas_envs.rewards; "
-        "env = mas_envs.make('math-2agent'); env.reset(seed=0); "
-        "heavy = [m for m in ('torch', 'transformers', 'faiss', 'datasets', 'trl', 'sympy') if m in sys.modules]; "
+        "import sys, mas_envs, mas_envs.testing, mas_envs.rewards, mas_envs.data, mas_envs.procedural; "
+        "env = mas_envs.make('math-2agent', prompt_style='fewshot'); env.reset(seed=0); "
+        "heavy = [m for m in ('torch', 'transformers', 'faiss', 'datasets', 'trl', 'sympy', 'reasoning_gym', "
+        "'matplotlib') if m in sys.modules]; "
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -15,30 +15,36 @@ The single-agent baseline for `math-2agent`: one solver answers once.
 | Stop strings | none |
 | Default tasks | `gsm8k-train` (bundled) |
 
+## Episode metrics
+`solver_turns` (always 1), for comparison with `math-2agent`.
+
 ## Arguments
-`tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty` (c, default 0.1),
+`prompt_style` (`"paper"`, default, or `"fewshot"`: the worked examples of `math-2agent`'s fewshot solver as
+earlier chat turns, then the bare problem), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty` (c, default 0.1),
 `render_mode` (`None` or `"ansi"`).
 
 ## Version history
-* v0: initial release.
+* v0: initial release; `prompt_style` added later (the default, `"paper"`, is the v0 prompt unchanged).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, task_id_of, wrap
+from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from mas_envs.envs.math import prompts
-from mas_envs.rewards.math import _gold_strings, extract_boxed, grade_math, strip_think
+from mas_envs.envs.math.common import (  # noqa: F401  (gold_of, require_gold: re-exported for 0.1 imports)
+    MATH_FUZZ,
+    check_prompt_style,
+    fewshot_solver_messages,
+    gold_of,
+    grade_solution,
+    gsm8k_golden_task,
+    require_gold,
+    solver_action_is_valid,
+)
 
-__all__ = ["MathOneAgentEnv", "env", "raw_env", "require_gold"]
-
-MATH_FUZZ = ("\\boxed{", "}", "{", "18", "\\frac{1}{2}", "<think>", "</think>", "$")
-
-
-def solver_action_is_valid(action: str) -> bool:
-    r"""A solver action is valid when a balanced `\boxed{...}` stands after its last `</think>`."""
-    return extract_boxed(strip_think(action)) is not None
+__all__ = ["MathOneAgentEnv", "env", "raw_env"]
 
 
 class MathOneAgentEnv(TextAECEnv):
@@ -50,12 +56,18 @@ class MathOneAgentEnv(TextAECEnv):
     fuzz_fragments = {"solver": MATH_FUZZ}
     default_tasks = "gsm8k-train"
 
-    def _start(self, task: dict[str, Any]) -> str:
+    def __init__(self, *, prompt_style: str = "paper", **kwargs: Any) -> None:
+        self.prompt_style = check_prompt_style(prompt_style)
+        super().__init__(**kwargs)
+
+    def start_episode(self, task: dict[str, Any]) -> str:
         require_gold(task)
         self.answer_text: str | None = None
         return "solver"
 
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        if self.prompt_style == "fewshot":
+            return fewshot_solver_messages(self.task["question"])
         user = "\n\n".join(
             [prompts.PROBLEM.format(question=self.task["question"]), prompts.SOLVER_TASK_1AGENT.format()]
         )
@@ -64,13 +76,15 @@ class MathOneAgentEnv(TextAECEnv):
             {"role": "user", "content": user},
         ]
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         self.answer_text = action
         return Transition(invalid=not solver_action_is_valid(action), next_agent=None)
 
-    def _outcome(self) -> Outcome:
-        correct = self.answer_text is not None and grade_math(self.answer_text, gold_of(self.task))
-        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct))
+    def episode_outcome(self) -> Outcome:
+        correct = grade_solution(self.answer_text, self.task)
+        return Outcome(
+            team_reward=1.0 if correct else 0.0, success=bool(correct), metrics={"solver_turns": 1.0}
+        )
 
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:
@@ -91,28 +105,6 @@ class MathOneAgentEnv(TextAECEnv):
             ),
             GoldenEpisode("wrong box", task, ("\\boxed{-1}",), ("solver",), {"solver": 0.0}, 0.0, False),
         ]
-
-
-def gold_of(task: dict[str, Any]) -> Any:
-    """The gold answer of a math task row (`answer`, else `golden_answers`)."""
-    return task["answer"] if "answer" in task else task.get("golden_answers")
-
-
-def require_gold(task: dict[str, Any]) -> None:
-    """Raise `ValueError` unless the task has a gold answer `grade_math` can match (else every reward is 0)."""
-    if not any(g.strip() for g in _gold_strings(gold_of(task))):
-        raise ValueError(
-            f"math task {task_id_of(task)} has no gold answer: give it an 'answer' (str or number) or a "
-            f"non-empty 'golden_answers' list; got answer={task.get('answer')!r}, "
-            f"golden_answers={task.get('golden_answers')!r}"
-        )
-
-
-def gsm8k_golden_task() -> dict[str, Any]:
-    """The first real GSM8K test problem (gold answer 18), used by the golden episodes."""
-    from mas_envs.data import load_tasks
-
-    return load_tasks("gsm8k-test", limit=1)[0]
 
 
 def env(**kwargs: Any):

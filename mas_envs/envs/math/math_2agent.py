@@ -21,13 +21,40 @@ the solver gets another turn while it has turns left. A verifier that did not fi
 vouched for the answer, and re-checking costs one solver turn at most. The reference implementation treats a
 missing verdict as approve; pass `missing_verdict="approve"` to reproduce it.
 
+## Episode metrics
+Reported at the end in `infos[agent]["episode_metrics"]` (logged as `env/<name>`, `eval/env/<name>`):
+
+| name | value |
+|---|---|
+| `solver_turns` | solver turns in the episode (1 … `max_loops`) |
+| `verifier_accuracy` | over the episode's valid verdicts: the fraction that were right, i.e. approve of a correct attempt or reject of a wrong one (each reviewed attempt graded like the final answer). Absent when the verifier gave no valid verdict |
+| `verifier_approve_rate` | fraction of the valid verdicts that approve. Absent with no valid verdict |
+| `rejection_fixed` | only in episodes where the verifier rejected a wrong attempt: 1 if the final answer is correct, else 0 (its mean is how often a rightful rejection led to a corrected answer) |
+
+## Prompt styles
+`prompt_style="paper"` (default): the system line names the agent's role; one user turn holds the problem,
+the whole team history (every attempt and review) and the role's instructions. Right for Qwen3-4B-scale
+models and the paper's runs.
+
+`prompt_style="fewshot"`, for small models (~100M parameters), which copy a format they have seen far better
+than they follow instructions and have little context to spare:
+* solver: two worked examples as earlier chat turns (`What is 2 + 3?` → `2 + 3 = 5. \boxed{5}`), then the
+  bare problem; after a rejection, its earlier attempt as an assistant turn and a user turn
+  `That answer is wrong. Try again: <problem>`;
+* verifier: a one-line system turn (`Check the answer.`) and four example verdicts as earlier chat turns
+  (approve, reject, reject, approve; each a one-line check ending in the tag), then
+  `<problem>\n<the solver's latest answer, think block dropped, its last 400 characters>`. It does not see
+  older attempts or reviews.
+
+The tags, parsing, rewards and turn order are the same in both styles.
+
 ## Arguments
 `max_loops` (most solver turns, default 2), `missing_verdict` (`"reject"` or `"approve"`, default
-`"reject"`), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty`
+`"reject"`), `prompt_style` (`"paper"` or `"fewshot"`, default `"paper"`), `tasks` (rows, bundled set name or path; default `"gsm8k-train"`), `invalid_action_penalty`
 (c, default 0.1), `render_mode` (`None` or `"ansi"`).
 
 ## Version history
-* v0: initial release.
+* v0: initial release; `prompt_style` added later (the default, `"paper"`, is the v0 prompt unchanged).
 """
 
 from __future__ import annotations
@@ -37,14 +64,16 @@ from typing import Any
 
 from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from mas_envs.envs.math import prompts
-from mas_envs.envs.math.math_1agent import (
+from mas_envs.envs.math.common import (
     MATH_FUZZ,
-    gold_of,
+    check_prompt_style,
+    fewshot_solver_messages,
+    fewshot_verifier_messages,
+    grade_solution,
     gsm8k_golden_task,
     require_gold,
     solver_action_is_valid,
 )
-from mas_envs.rewards.math import grade_math
 
 __all__ = ["MathTwoAgentEnv", "env", "parse_verdict", "raw_env"]
 
@@ -63,10 +92,11 @@ class MathTwoAgentEnv(TextAECEnv):
     Args:
         max_loops: most solver turns (>= 1).
         missing_verdict: routing of a verifier reply without a verdict: `"reject"` or `"approve"`.
+        prompt_style: `"paper"` (default) or `"fewshot"` (small models; see the module docstring).
         **kwargs: `TextAECEnv` arguments (`tasks`, `invalid_action_penalty`, `render_mode`).
 
     Raises:
-        ValueError: `max_loops < 1` or an unknown `missing_verdict`.
+        ValueError: `max_loops < 1`, an unknown `missing_verdict` or an unknown `prompt_style`.
     """
 
     metadata = {"name": "math-2agent-v0", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -85,23 +115,46 @@ class MathTwoAgentEnv(TextAECEnv):
     }
     default_tasks = "gsm8k-train"
 
-    def __init__(self, *, max_loops: int = 2, missing_verdict: str = "reject", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        max_loops: int = 2,
+        missing_verdict: str = "reject",
+        prompt_style: str = "paper",
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(max_loops, int) or max_loops < 1:
             raise ValueError(f"max_loops must be an int >= 1, got {max_loops!r}")
         if missing_verdict not in ("reject", "approve"):
             raise ValueError(f'missing_verdict must be "reject" or "approve", got {missing_verdict!r}')
+        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(**kwargs)
         self.max_loops = max_loops
         self.missing_verdict = missing_verdict
 
-    def _start(self, task: dict[str, Any]) -> str:
+    def start_episode(self, task: dict[str, Any]) -> str:
         require_gold(task)
         self.history: list[tuple[str, str]] = []  # (agent, text) of every turn so far
         self.solver_turns = 0
         self.last_solution: str | None = None
+        self._attempts_correct: list[bool | None] = []  # per solver attempt, graded when first needed
+        self.verdicts: list[
+            tuple[str, bool]
+        ] = []  # (valid verdict, whether the reviewed attempt was correct)
         return "solver"
 
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def _attempt_correct(self, i: int) -> bool:
+        if self._attempts_correct[i] is None:
+            text = self.history[[k for k, (who, _) in enumerate(self.history) if who == "solver"][i]][1]
+            self._attempts_correct[i] = grade_solution(text, self.task)
+        return bool(self._attempts_correct[i])
+
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        if self.prompt_style == "fewshot":
+            question = self.task["question"]
+            if agent == "solver":
+                return fewshot_solver_messages(question, [t for who, t in self.history if who == "solver"])
+            return fewshot_verifier_messages(question, self.last_solution or "")
         parts = [prompts.PROBLEM.format(question=self.task["question"])]
         if self.history:
             entries, n = [prompts.HISTORY_HEADER], {"solver": 0, "verifier": 0}
@@ -117,22 +170,34 @@ class MathTwoAgentEnv(TextAECEnv):
         parts.append(task)
         return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         self.history.append((agent, action))
         if agent == "solver":
             self.solver_turns += 1
             self.last_solution = action
+            self._attempts_correct.append(None)
             done = self.solver_turns >= self.max_loops
             return Transition(
                 invalid=not solver_action_is_valid(action), next_agent=None if done else "verifier"
             )
         verdict = parse_verdict(action)
+        if verdict is not None:  # the reviewed attempt is the latest one
+            self.verdicts.append((verdict, self._attempt_correct(self.solver_turns - 1)))
         routed = verdict or self.missing_verdict
         return Transition(invalid=verdict is None, next_agent=None if routed == "approve" else "solver")
 
-    def _outcome(self) -> Outcome:
-        correct = self.last_solution is not None and grade_math(self.last_solution, gold_of(self.task))
-        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct))
+    def episode_outcome(self) -> Outcome:
+        correct = self.solver_turns > 0 and self._attempt_correct(self.solver_turns - 1)
+        metrics = {"solver_turns": float(self.solver_turns)}
+        if self.verdicts:
+            right = [(v == "approve") == ok for v, ok in self.verdicts]
+            metrics["verifier_accuracy"] = sum(right) / len(right)
+            metrics["verifier_approve_rate"] = sum(v == "approve" for v, _ in self.verdicts) / len(
+                self.verdicts
+            )
+        if any(v == "reject" and not ok for v, ok in self.verdicts):
+            metrics["rejection_fixed"] = 1.0 if correct else 0.0
+        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct), metrics=metrics)
 
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:

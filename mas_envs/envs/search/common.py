@@ -289,9 +289,9 @@ class RetrievalErrorsMixin:
 class NotesAfterActionMixin:
     """Put env messages (retrieved passages) in the transcript *after* the action that caused them.
 
-    ``TextAECEnv`` records an action only after ``_act`` returns, so a ``_note`` made inside ``_act`` would be
-    listed before the search that produced it. Envs call :meth:`_note_after` instead; the notes are appended
-    once the base class has recorded the action.
+    ``TextAECEnv`` records an action only after ``apply_action`` returns, so an ``add_note`` made inside
+    ``apply_action`` would be listed before the search that produced it. Envs call :meth:`_note_after`
+    instead; the notes are appended once the base class has recorded the action.
     """
 
     def _note_after(self, text: str) -> None:

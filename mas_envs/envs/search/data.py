@@ -26,7 +26,14 @@ from typing import Any
 
 from mas_envs.rewards.qa import answer_strings
 
-__all__ = ["FLASHRAG_DATASETS", "HOTPOTQA_SPLITS", "bundled_hotpotqa", "bundled_hotpotqa_path", "load_qa"]
+__all__ = [
+    "FLASHRAG_DATASETS",
+    "HOTPOTQA_SPLITS",
+    "bundled_hotpotqa",
+    "bundled_hotpotqa_dev",
+    "bundled_hotpotqa_path",
+    "load_qa",
+]
 
 # FlashRAG dataset folder name -> data_source reported in metrics.
 FLASHRAG_DATASETS = {
@@ -62,6 +69,11 @@ def bundled_hotpotqa_path(split: str) -> str:
 @functools.lru_cache(maxsize=2)
 def _bundled_rows(split: str) -> tuple[dict[str, Any], ...]:
     return tuple(_read_jsonl(Path(bundled_hotpotqa_path(split))))
+
+
+def bundled_hotpotqa_dev() -> list[dict[str, Any]]:
+    """The bundled HotpotQA evaluation split (``bundled_hotpotqa("dev")``; the ``hotpotqa-dev`` task set)."""
+    return bundled_hotpotqa("dev")
 
 
 def bundled_hotpotqa(split: str = "train") -> list[dict[str, Any]]:

@@ -39,7 +39,6 @@ from .common import (
     parse_action,
     score_answer,
 )
-from .data import bundled_hotpotqa, bundled_hotpotqa_path
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchOneAgentEnv", "env", "raw_env"]
@@ -73,7 +72,8 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         AGENT: ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "Paris")
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
-    default_eval_tasks: ClassVar[str] = bundled_hotpotqa_path("dev")  # disjoint from the default tasks
+    default_tasks: ClassVar[str | None] = "hotpotqa"  # the bundled train split (100 questions)
+    default_eval_tasks: ClassVar[str] = "hotpotqa-dev"  # the other 50: no question shared with the train split
 
     def __init__(
         self,
@@ -89,7 +89,7 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
             raise ValueError(f"topk must be >= 1, got {topk}")
         check_retriever_arg(retriever)
         super().__init__(
-            tasks=bundled_hotpotqa() if tasks is None else tasks,
+            tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
             max_turns=max_turns,  # one agent action per turn, so the base's cap is the turn cap
             render_mode=render_mode,
@@ -97,14 +97,14 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         self.retriever = retriever
         self.topk = topk
 
-    def _start(self, task: dict[str, Any]) -> str:
+    def start_episode(self, task: dict[str, Any]) -> str:
         golden_answers_of(task)  # a task without a usable gold answer fails here, not at episode end
         self.steps: list[str] = []  # the agent's turns and the env's replies, in order
         self.answer: str | None = None
         self.num_searches = 0
         return AGENT
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         parsed = parse_action(action, allowed=("search", "answer"))
         self.steps.append(action)
         if parsed.kind == "answer":
@@ -120,12 +120,12 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         self._note_after(reply)
         return Transition(invalid=parsed.invalid, next_agent=AGENT)
 
-    def _outcome(self) -> Outcome:
+    def episode_outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.task)
         self.infos[AGENT].update({"f1": f1, "answer": self.answer, "num_searches": self.num_searches})
         return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
 
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         parts = [f"Question: {self.task['question']}"]
         if self.steps:
             parts.append("Your turns so far:\n" + "\n".join(self.steps))

@@ -63,7 +63,6 @@ from .common import (
     parse_action,
     score_answer,
 )
-from .data import bundled_hotpotqa, bundled_hotpotqa_path
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
@@ -125,7 +124,8 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         ANSWERER: ("<think>", "</think>", "<answer>", "</answer>", "<search>", "yes"),
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
-    default_eval_tasks: ClassVar[str] = bundled_hotpotqa_path("dev")  # disjoint from the default tasks
+    default_tasks: ClassVar[str | None] = "hotpotqa"  # the bundled train split (100 questions)
+    default_eval_tasks: ClassVar[str] = "hotpotqa-dev"  # the other 50: no question shared with the train split
 
     def __init__(
         self,
@@ -146,7 +146,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         if last_turn not in ("answer", "verify"):
             raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
         super().__init__(
-            tasks=bundled_hotpotqa() if tasks is None else tasks,
+            tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
             max_turns=None,  # the turn cap counts verifier turns, handled here; the base counts agent actions
             render_mode=render_mode,
@@ -157,7 +157,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         self.last_turn = last_turn
 
     # --- episode logic -----------------------------------------------------------------------------------
-    def _start(self, task: dict[str, Any]) -> str:
+    def start_episode(self, task: dict[str, Any]) -> str:
         golden_answers_of(task)  # a task without a usable gold answer fails here, not at episode end
         self.search_turn = 1  # 1-based turn in the reference's sense
         self.history: list[tuple[str, str]] = []
@@ -169,7 +169,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         last = self.search_turn >= self.turn_limit
         return ANSWERER if last and self.last_turn == "answer" else VERIFIER
 
-    def _act(self, agent: str, action: str) -> Transition:
+    def apply_action(self, agent: str, action: str) -> Transition:
         if agent == VERIFIER:
             self.verifier_reply = action
             verdict = first_block(action, "verify")
@@ -199,7 +199,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         self.answer = parsed.content if parsed.kind == "answer" else None
         return Transition(invalid=parsed.invalid, next_agent=None)
 
-    def _outcome(self) -> Outcome:
+    def episode_outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.task)
         for a in self.agents:
             self.infos[a].update(
@@ -208,7 +208,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
 
     # --- prompts -----------------------------------------------------------------------------------------
-    def _prompt(self, agent: str) -> list[dict[str, str]]:
+    def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         parts = [f"Question: {self.task['question']}", render_history(self.history)]
         if agent == SEARCHER and self.verifier_reply is not None:
             parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
