@@ -35,6 +35,12 @@ def _quiet_libraries() -> None:
         hf_logging.set_verbosity_error()
     except ImportError:
         pass
+    try:  # "Generating train split" bars of every data file read
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
+    except ImportError:
+        pass
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -87,9 +93,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     def body(args: list[str]) -> None:
         from mas_train.config import parse_args
 
-        cfg = parse_args(args)
         _quiet_libraries()
-        run_training(cfg, progress=True)
+        run_training(parse_args(args), progress=True)
 
     return _run("mas-train", list(sys.argv[1:] if argv is None else argv), body)
 
@@ -215,6 +220,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     def body(args: list[str]) -> None:
         from mas_train.config import parse_eval_args
 
+        _quiet_libraries()
         run_eval(parse_eval_args(args))
 
     return _run("mas-eval", list(sys.argv[1:] if argv is None else argv), body)

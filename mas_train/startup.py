@@ -173,7 +173,8 @@ def _load_tasks(what: str, loader: Callable[[], list[dict[str, Any]]]) -> list[d
             if isinstance(err, KeyError)
             else ""
         )
-        raise ConfigError(f"{what}: {type(err).__name__}: {err}{hint}") from None
+        detail = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise ConfigError(f"{what}: {detail}{hint}") from None
     if not rows:
         raise ConfigError(f"{what}: no usable task rows")
     return rows

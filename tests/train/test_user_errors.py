@@ -41,7 +41,7 @@ def _assert_user_error(code, out, err, seconds, *needles, prog="mas-train"):
 @pytest.fixture
 def bad_files(tmp_path):
     no_question = tmp_path / "noq.jsonl"
-    no_question.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    no_question.write_text(json.dumps({"text": "1+1?", "label": "2"}) + "\n")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     return {"noq": str(no_question), "empty": str(empty), "missing": str(tmp_path / "missing.jsonl")}
