@@ -19,7 +19,6 @@ keeping the newest ``save_total_limit``.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +28,6 @@ from typing import Any
 import numpy as np
 
 __all__ = ["MultiGroupTrainer", "train"]
-
-# The keys the progress bar shows, when present.
-_BAR_KEYS = (("charts/reward", "R"), ("charts/invalid_rate", "inv"))
 
 
 class MultiGroupTrainer:
@@ -43,6 +39,7 @@ class MultiGroupTrainer:
         env_factory: zero-argument env constructor (default: ``mas_envs.make(config.env, **env kwargs)``).
         train_tasks: task rows (default: :func:`mas_train.tasks.train_tasks`).
         eval_tasks: evaluation rows (default: :func:`mas_train.tasks.eval_tasks`, read on first use).
+        probe: an env already made by ``env_factory`` (the start-up checks' one); made here when not given.
 
     Attributes:
         step: completed training steps.
@@ -59,6 +56,7 @@ class MultiGroupTrainer:
         env_factory: Callable[[], Any] | None = None,
         train_tasks: Sequence[Mapping[str, Any]] | None = None,
         eval_tasks: Sequence[Mapping[str, Any]] | None = None,
+        probe: Any = None,
     ) -> None:
         from mas_train.pools import make_pool
         from mas_train.rollout import RolloutCollector
@@ -69,7 +67,7 @@ class MultiGroupTrainer:
         self.resolved = resolved
         cfg = self.cfg = resolved.config
         self.env_factory = env_factory or make_env_factory(cfg)
-        self._probe = self.env_factory()
+        self._probe = probe if probe is not None else self.env_factory()
         self.penalty = float(self._probe.unwrapped.invalid_action_penalty)
         if train_tasks is None:
             train_tasks = default_train_tasks(cfg, self._probe)
@@ -267,6 +265,8 @@ class MultiGroupTrainer:
         """
         from tqdm.auto import tqdm
 
+        from mas_train.progress import bar_text, off_the_clock
+
         cfg = self.cfg
         agents = list(self.resolved.agents)
         evaluate = bool(cfg.eval_steps)
@@ -289,15 +289,15 @@ class MultiGroupTrainer:
                 last, extra = self.train_step()
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     logger.log(self.step, last, extra)
-                bar.set_postfix_str(_bar_text(last, agents), refresh=False)
+                bar.set_postfix_str(bar_text(last, agents), refresh=False)
                 bar.update(1)
                 if cfg.save_steps and self.step % cfg.save_steps == 0:
-                    with _off_the_clock(bar):
+                    with off_the_clock(bar):
                         say(f"  saving checkpoint step-{self.step:06d}…")
                         self.save_checkpoint()
                     saved_at = self.step
                 if evaluate and self.step % cfg.eval_steps == 0:
-                    with _off_the_clock(bar):
+                    with off_the_clock(bar):
                         say(
                             f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} at step {self.step}…"
                         )
@@ -316,29 +316,6 @@ class MultiGroupTrainer:
     def close(self) -> None:
         self.collector.close()
         self.pool.shutdown()
-
-
-@contextlib.contextmanager
-def _off_the_clock(bar):
-    """Leave the time spent inside out of ``bar``'s elapsed time and rate (s/step), so a checkpoint save or an
-    eval does not make the training steps look slower."""
-    t0 = time.time()  # tqdm's own clock
-    try:
-        yield
-    finally:
-        if not bar.disable:
-            dt = time.time() - t0
-            bar.start_t += dt  # the average rate
-            bar.last_print_t += dt  # the smoothed rate (per-print increments)
-
-
-def _bar_text(metrics: Mapping[str, float], agents: Sequence[str]) -> str:
-    parts = [f"{short}={metrics[k]:.2f}" for k, short in _BAR_KEYS if k in metrics]
-    for a in agents:
-        v = metrics.get(f"losses/grad_norm/{a}")
-        if v is not None:
-            parts.append(f"gn[{a}]={v:.3g}")
-    return " ".join(parts)
 
 
 def _first_eval_of(run_dir: Path) -> dict[str, float]:
@@ -373,6 +350,7 @@ def train(
     from tqdm.auto import tqdm
 
     from mas_train.checkpoint import list_checkpoints, load_trainer_state
+    from mas_train.progress import print_summary
     from mas_train.startup import prepare, record_config
     from mas_train.tracking import RunLogger
 
@@ -431,7 +409,11 @@ def train(
     t0 = time.perf_counter()
     say("  loading models…")
     trainer = MultiGroupTrainer(
-        resolved, env_factory=plan.env_factory, train_tasks=plan.train_tasks, eval_tasks=plan.eval_tasks
+        resolved,
+        env_factory=plan.env_factory,
+        train_tasks=plan.train_tasks,
+        eval_tasks=plan.eval_tasks,
+        probe=plan.probe,
     )
     try:
         if ckpt is not None:
@@ -465,7 +447,7 @@ def train(
         plots=[str(p) for p in _plots(run_dir, cfg)],
         wall_seconds=time.perf_counter() - t_start,
     )
-    _print_summary(summary, out)
+    print_summary(summary, out)
     return summary
 
 
@@ -478,41 +460,3 @@ def _plots(run_dir: Path, cfg: Any) -> list[Path]:
     except ImportError:  # matplotlib is part of the train extra; a trimmed install just skips the pictures
         return []
     return list(plot_run(run_dir, run_dir / "plots"))
-
-
-def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:
-    keys = [k for k in last if k.count("/") == 1 and "@" in k] + sorted(
-        k for k in last if k.startswith("eval/env/")
-    )
-    parts = []
-    for k in keys:
-        name = k[len("eval/") :]
-        if k in first and first is not last:
-            parts.append(f"{name} {first[k]:.3f} → {last[k]:.3f}")
-        else:
-            parts.append(f"{name} {last[k]:.3f}")
-    return ", ".join(parts)
-
-
-def _print_summary(s: Mapping[str, Any], out) -> None:
-    last, ev, first = s["last"], s["eval"], s.get("first_eval") or {}
-    print(f"\nmas-train finished {s['steps']} steps in {s['wall_seconds'] / 60:.1f} min", file=out)
-    if last:
-        print(
-            f"  last step: reward {last.get('charts/reward', float('nan')):.3f}, "
-            f"invalid rate {last.get('charts/invalid_rate', float('nan')):.3f}",
-            file=out,
-        )
-    if ev:
-        label = "eval (step 0 → end)" if first and first is not ev else "eval"
-        print(f"  {label}: {_fmt_eval(first, ev)}", file=out)
-    print(f"  run folder:   {s['run_dir']}", file=out)
-    if s["metrics_file"]:
-        print(f"  metrics:      {s['metrics_file']}", file=out)
-    if s["tensorboard_dir"]:
-        print(f"  tensorboard:  tensorboard --logdir {s['tensorboard_dir']}", file=out)
-    for p in s.get("plots") or []:
-        print(f"  plot:         {p}", file=out)
-    if s["checkpoint"]:
-        print(f"  checkpoint:   {s['checkpoint']}  (continue with --resume {s['run_dir']})", file=out)
-    out.flush()

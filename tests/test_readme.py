@@ -21,3 +21,11 @@ def test_readme_quick_start_is_exactly_two_commands():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert _quick_start_commands()[1] in ci_lines
+
+
+def test_ci_lints_with_the_readme_lint_command():
+    text = (ROOT / "README.md").read_text()
+    lint = next(
+        x.split("#")[0].strip() for x in text.splitlines() if "ruff check" in x and "format --check" in x
+    )
+    assert lint in (ROOT / ".ci" / "run").read_text().splitlines()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from tests.backends.contract import chat_prompt, reference_greedy, teacher_forced_logprobs
-
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import _MIN_SHARED_TOKENS, HFBackend
+from mas_train.backends.testing import chat_prompt, reference_greedy, teacher_forced_logprobs
 
 
 def _record_forwards(backend: HFBackend) -> list[tuple[int, int, bool]]:

@@ -298,7 +298,7 @@ def test_factory_builds_the_engine_with_server_args(monkeypatch, fresh_runtime, 
         make_sglang_backend(group)
 
 
-# -- the shared backend contract (tests/backends/contract.py) -------------------------------------------------
+# -- the shared backend contract (mas_train.backends.testing) -------------------------------------------------
 
 from mas_train.backends.testing import BackendContract  # noqa: E402
 

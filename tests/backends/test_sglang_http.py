@@ -165,7 +165,7 @@ def test_launch_a_server_process_over_real_sockets(model_path):
     assert process.poll() is not None  # close() stopped the server it launched
 
 
-# -- the shared backend contract (tests/backends/contract.py) -------------------------------------------------
+# -- the shared backend contract (mas_train.backends.testing) -------------------------------------------------
 
 from mas_train.backends.testing import BackendContract  # noqa: E402
 

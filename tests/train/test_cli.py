@@ -204,7 +204,7 @@ def test_time_off_the_clock_is_left_out_of_the_bar_rate():
 
     from tqdm import tqdm
 
-    from mas_train.trainer import _off_the_clock
+    from mas_train.progress import off_the_clock as _off_the_clock
 
     bar = tqdm(total=4, file=io.StringIO(), mininterval=0)
     bar.update(1)

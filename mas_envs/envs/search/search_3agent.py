@@ -125,7 +125,9 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
     default_tasks: ClassVar[str | None] = "hotpotqa"  # the bundled train split (100 questions)
-    default_eval_tasks: ClassVar[str] = "hotpotqa-dev"  # the other 50: no question shared with the train split
+    default_eval_tasks: ClassVar[str] = (
+        "hotpotqa-dev"  # the other 50: no question shared with the train split
+    )
 
     def __init__(
         self,

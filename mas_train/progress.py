@@ -1,0 +1,74 @@
+"""What a run prints: the progress bar's text and clock, and the end-of-run summary."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["bar_text", "off_the_clock", "print_summary"]
+
+# The keys the progress bar shows, when present.
+_BAR_KEYS = (("charts/reward", "R"), ("charts/invalid_rate", "inv"))
+
+
+@contextlib.contextmanager
+def off_the_clock(bar):
+    """Leave the time spent inside out of ``bar``'s elapsed time and rate (s/step), so a checkpoint save or an
+    eval does not make the training steps look slower."""
+    t0 = time.time()  # tqdm's own clock
+    try:
+        yield
+    finally:
+        if not bar.disable:
+            dt = time.time() - t0
+            bar.start_t += dt  # the average rate
+            bar.last_print_t += dt  # the smoothed rate (per-print increments)
+
+
+def bar_text(metrics: Mapping[str, float], agents: Sequence[str]) -> str:
+    parts = [f"{short}={metrics[k]:.2f}" for k, short in _BAR_KEYS if k in metrics]
+    for a in agents:
+        v = metrics.get(f"losses/grad_norm/{a}")
+        if v is not None:
+            parts.append(f"gn[{a}]={v:.3g}")
+    return " ".join(parts)
+
+
+def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:
+    keys = [k for k in last if k.count("/") == 1 and "@" in k] + sorted(
+        k for k in last if k.startswith("eval/env/")
+    )
+    parts = []
+    for k in keys:
+        name = k[len("eval/") :]
+        if k in first and first is not last:
+            parts.append(f"{name} {first[k]:.3f} → {last[k]:.3f}")
+        else:
+            parts.append(f"{name} {last[k]:.3f}")
+    return ", ".join(parts)
+
+
+def print_summary(s: Mapping[str, Any], out) -> None:
+    last, ev, first = s["last"], s["eval"], s.get("first_eval") or {}
+    print(f"\nmas-train finished {s['steps']} steps in {s['wall_seconds'] / 60:.1f} min", file=out)
+    if last:
+        print(
+            f"  last step: reward {last.get('charts/reward', float('nan')):.3f}, "
+            f"invalid rate {last.get('charts/invalid_rate', float('nan')):.3f}",
+            file=out,
+        )
+    if ev:
+        label = "eval (step 0 → end)" if first and first is not ev else "eval"
+        print(f"  {label}: {_fmt_eval(first, ev)}", file=out)
+    print(f"  run folder:   {s['run_dir']}", file=out)
+    if s["metrics_file"]:
+        print(f"  metrics:      {s['metrics_file']}", file=out)
+    if s["tensorboard_dir"]:
+        print(f"  tensorboard:  tensorboard --logdir {s['tensorboard_dir']}", file=out)
+    for p in s.get("plots") or []:
+        print(f"  plot:         {p}", file=out)
+    if s["checkpoint"]:
+        print(f"  checkpoint:   {s['checkpoint']}  (continue with --resume {s['run_dir']})", file=out)
+    out.flush()
