@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.sampling import sample_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -451,7 +452,7 @@ class HFBackend:
             draws = torch.stack([torch.rand((), generator=gens[i], device=dev) for i in rows])
             # finished rows ride along only in a cache that cannot drop rows
             live = None if can_drop else torch.tensor([finish[i] is None for i in rows], device=dev)
-            sampled = self._sample(scaled, logps, draws, top_k, top_p, greedy, truncate, live)
+            sampled = sample_tokens(scaled, logps, draws, top_k, top_p, greedy, truncate, live)
             sampled_lps = logps.gather(1, sampled[:, None])[:, 0].tolist()
             sampled = sampled.tolist()
             next_ids = []
@@ -496,84 +497,3 @@ class HFBackend:
             )
             for i in range(b)
         ]
-
-    @staticmethod
-    def _sample(
-        scaled: torch.Tensor,
-        logps: torch.Tensor,
-        draws: torch.Tensor,
-        top_k: torch.Tensor,
-        top_p: torch.Tensor,
-        greedy: torch.Tensor,
-        truncate: bool,
-        live: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """One token per row: argmax for greedy rows, else inverse-CDF sampling with the row's uniform draw.
-
-        Args:
-            scaled: (B, V) fp32 logits divided by the row's temperature.
-            logps: (B, V) ``log_softmax(scaled)``.
-            draws: (B,) uniforms in [0, 1), one per row from that row's own generator (per-request seeds).
-            top_k / top_p: (B,) truncation settings (0 / 1.0 = off); greedy: (B,) bool.
-            live: (B,) bool, rows still generating (others get an arbitrary token); default all.
-
-        Inverse CDF needs one random number per row; ``torch.multinomial`` with a generator costs ~30 ms per
-        row on a 150k vocabulary, which dominated decoding.
-        """
-        rows = ~greedy if live is None else ~greedy & live
-        if not bool(rows.any()):
-            return scaled.argmax(dim=-1)
-        # argmax over the vocabulary only when some row is greedy (costs as much as the softmax)
-        picked = scaled.argmax(dim=-1) if bool(greedy.any()) else torch.zeros_like(draws, dtype=torch.long)
-        # only rows that sample pay for the CDF over the vocabulary (finished rows ride along in the batch)
-        idx = rows.nonzero()[:, 0]
-        if truncate:
-            probs = torch.softmax(
-                HFBackend._truncate(scaled[idx], top_k[idx], top_p[idx], greedy[idx]), dim=-1
-            )
-        else:
-            probs = logps[idx].exp()
-        cdf = probs.double().cumsum(dim=-1)
-        # right=True picks i with cdf[i-1] <= u < cdf[i], so a zero-probability token is never drawn
-        drawn = torch.searchsorted(cdf, (draws[idx].double() * cdf[:, -1])[:, None], right=True)[:, 0]
-        picked[idx] = drawn.clamp(max=scaled.shape[-1] - 1)
-        return picked
-
-    @staticmethod
-    def _truncate(
-        scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, greedy: torch.Tensor
-    ) -> torch.Tensor:
-        """Mask (to -inf) tokens outside each row's top-k, then outside its top-p nucleus (HF's order).
-
-        Nucleus: keep the most likely tokens until their mass (renormalised after top-k) reaches ``top_p``; the
-        token that crosses it is kept, so at least one token survives (Holtzman et al. 2020, HF's
-        ``TopPLogitsWarper``). Greedy rows and rows with neither setting are returned unchanged.
-
-        Only the head of the distribution is sorted (``topk``): a full sort of a 150k vocabulary per step costs
-        ~0.3 s on 2 cores. The head grows to the whole vocabulary only when a top-p row's nucleus needs it.
-        """
-        vocab = scaled.shape[-1]
-        rows = ~greedy & ((top_k > 0) | (top_p < 1))
-        if not bool(rows.any()):
-            return scaled
-        has_k = top_k > 0
-        k_max = int(top_k[rows].max())
-        # rows with a top-k need only their k best; a top-p-only row starts from a 1024-token head
-        head = k_max if bool((has_k | ~rows).all()) else max(k_max, 1024)
-        while True:
-            vals, idx = scaled.topk(min(head, vocab), dim=-1)
-            ranks = torch.arange(vals.shape[-1], device=scaled.device)[None, :]
-            drop = has_k[:, None] & (ranks >= top_k[:, None])
-            vals = vals.masked_fill(drop, float("-inf"))
-            # top-p renormalises over the top-k survivors, or over the full vocabulary when there is no top-k
-            norm = torch.where(has_k, torch.logsumexp(vals, dim=-1), torch.logsumexp(scaled, dim=-1))
-            probs = (vals - norm[:, None]).exp()
-            cum = probs.cumsum(dim=-1)
-            nucleus = top_p < 1
-            head_short = rows & nucleus & ~has_k & (cum[:, -1] < top_p)
-            if head >= vocab or not bool(head_short.any()):
-                break
-            head = vocab
-        drop |= nucleus[:, None] & ((cum - probs) >= top_p[:, None])
-        kept = torch.full_like(scaled, float("-inf")).scatter(1, idx, vals.masked_fill(drop, float("-inf")))
-        return torch.where(rows[:, None], kept, scaled)

@@ -11,6 +11,7 @@ import torch
 from mas_train.backends import make_backend as make_backend_by_name
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
+from mas_train.backends.sampling import sample_tokens, truncate_logits
 from mas_train.backends.testing import BackendContract, chat_prompt, reference_greedy, teacher_forced_logprobs
 
 
@@ -188,17 +189,17 @@ def test_sampler_frequencies_match_truncated_distribution():
     off = torch.ones(n)
     greedy = torch.zeros(n, dtype=torch.bool)
 
-    picked = HFBackend._sample(logits, torch.log_softmax(logits, -1), draws, no, off, greedy, False)
+    picked = sample_tokens(logits, torch.log_softmax(logits, -1), draws, no, off, greedy, False)
     freq = torch.bincount(picked, minlength=5).double() / n
     assert torch.allclose(freq, torch.softmax(logits[0].double(), -1), atol=0.01)
 
     # top_k=2 keeps {0, 1} with probabilities e^2/(e^2+e), e/(e^2+e) = 0.7311, 0.2689
-    picked = HFBackend._sample(logits, None, draws, no + 2, off, greedy, True)
+    picked = sample_tokens(logits, None, draws, no + 2, off, greedy, True)
     freq = torch.bincount(picked, minlength=5).double() / n
     assert torch.allclose(freq, torch.tensor([0.7311, 0.2689, 0, 0, 0], dtype=torch.float64), atol=0.01)
 
     # top_p=0.7: p = [.6412, .2359, .0868, .0319, .0043]; mass before token 1 is .6412 < .7, before 2 .8771
-    picked = HFBackend._sample(logits, None, draws, no, off * 0.7, greedy, True)
+    picked = sample_tokens(logits, None, draws, no, off * 0.7, greedy, True)
     freq = torch.bincount(picked, minlength=5).double() / n
     assert torch.allclose(freq, torch.tensor([0.7311, 0.2689, 0, 0, 0], dtype=torch.float64), atol=0.01)
 
@@ -216,7 +217,7 @@ def test_truncation_matches_transformers_warpers(vocab, k, p):
         ref = TopKLogitsWarper(k)(None, ref)
     if p < 1:
         ref = TopPLogitsWarper(p)(None, ref)
-    got = HFBackend._truncate(x, torch.full((3,), k), torch.full((3,), p), torch.zeros(3, dtype=torch.bool))
+    got = truncate_logits(x, torch.full((3,), k), torch.full((3,), p), torch.zeros(3, dtype=torch.bool))
     assert torch.equal(torch.isinf(got), torch.isinf(ref))
     assert torch.equal(got[torch.isfinite(got)], x[torch.isfinite(got)])
 

@@ -149,9 +149,10 @@ def test_default_task_mechanism_of_the_built_in_envs():
     assert MathTwoAgentEnv.default_tasks == MathOneAgentEnv.default_tasks == "gsm8k-train"
     assert MathTwoAgentEnv.eval_task_source() == MathOneAgentEnv.eval_task_source() == "gsm8k-test"
     assert SearchOneAgentEnv.default_tasks == SearchThreeAgentEnv.default_tasks == "hotpotqa"
-    # the search envs' own task list is the bundled HotpotQA set, loaded lazily by name
+    assert SearchOneAgentEnv.eval_task_source() == SearchThreeAgentEnv.eval_task_source() == "hotpotqa-dev"
+    # the search envs' own task list is the bundled HotpotQA train split, loaded lazily by name
     env = mas_envs.make("search-1agent", **SearchOneAgentEnv.conformance_kwargs())
-    assert len(env.unwrapped.tasks) == 150
+    assert len(env.unwrapped.tasks) == 100
     assert env.unwrapped.tasks[0]["data_source"] == "hotpotqa"
 
 

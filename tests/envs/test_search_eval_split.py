@@ -42,7 +42,10 @@ def test_the_corpus_holds_the_gold_paragraphs_of_both_splits():
 
 @pytest.mark.parametrize("env_cls", [SearchThreeAgentEnv, SearchOneAgentEnv])
 def test_envs_train_on_train_and_evaluate_on_dev(env_cls):
-    assert env_cls.default_eval_tasks == bundled_hotpotqa_path("dev")
+    assert env_cls.default_eval_tasks == "hotpotqa-dev"
+    assert [r["id"] for r in load_tasks(bundled_hotpotqa_path("dev"))] == [
+        t["id"] for t in bundled_hotpotqa("dev")
+    ]
     env = env_cls(retriever=KeywordRetriever([]))
     train_ids = {t["id"] for t in bundled_hotpotqa("train")}
     seen = set()

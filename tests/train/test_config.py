@@ -409,10 +409,10 @@ def test_option_lists_are_defined_once():
 
 
 def test_micro_batch_size_top_level_and_per_group():
-    r = parse_args(["--model_sharing", "per_agent", "--model_groups.verifier.micro_batch_size", "2"]).resolve(
+    r = parse_args(["--model_sharing", "per_agent", "--model_groups.verifier.micro_batch_size", "3"]).resolve(
         AGENTS
     )
-    assert (r.model_groups["solver"].micro_batch_size, r.model_groups["verifier"].micro_batch_size) == (4, 2)
+    assert (r.model_groups["solver"].micro_batch_size, r.model_groups["verifier"].micro_batch_size) == (2, 3)
     assert (
         parse_args(["--micro_batch_size", "8"]).resolve(AGENTS).model_groups["shared"].micro_batch_size == 8
     )
