@@ -23,12 +23,12 @@ class ScriptEnv(TextAECEnv):
         super().__init__(**kw)
         self.max_loops = max_loops
 
-    def _start(self, task):
+    def start_episode(self, task):
         self.loops = 0
         self.last_answer = ""
         return "solver"
 
-    def _prompt(self, agent):
+    def prompt_messages(self, agent):
         q = self.task["question"]
         if agent == "solver":
             return [{"role": "system", "content": "Solve."}, {"role": "user", "content": q}]
@@ -37,7 +37,7 @@ class ScriptEnv(TextAECEnv):
             {"role": "user", "content": f"{q}\n{self.last_answer}"},
         ]
 
-    def _act(self, agent, action):
+    def apply_action(self, agent, action):
         if agent == "solver":
             self.loops += 1
             self.last_answer = action
@@ -48,7 +48,7 @@ class ScriptEnv(TextAECEnv):
             return Transition(invalid, "solver")
         return Transition(invalid, None)
 
-    def _outcome(self):
+    def episode_outcome(self):
         return Outcome(
             float(str(self.task["answer"]) in self.last_answer), str(self.task["answer"]) in self.last_answer
         )
@@ -97,7 +97,7 @@ class ParityEnv(ScriptEnv):
 
     metadata = {"name": "parity_v0", "render_modes": ["ansi"], "is_parallelizable": False}
 
-    def _outcome(self):
+    def episode_outcome(self):
         r = (zlib.crc32(self.last_answer.encode("utf-8", "surrogatepass")) % 1000) / 999
         return Outcome(r, r > 0.5)
 

@@ -207,3 +207,38 @@ def test_runaway_env_raises(tok):
     )
     with pytest.raises(RuntimeError, match="max_ticks"):
         col.collect(TASKS[:1], 1)
+
+
+def test_env_metrics_reach_trajectories_and_step_metrics(tok):
+    # The env-metrics contract: Outcome.metrics -> infos["episode_metrics"] -> Trajectory.metrics -> env/<name>
+    # means over the episodes that report a name (an episode may leave one out).
+    from _train_fakes import ScriptEnv
+
+    from mas_envs.core import Outcome
+    from mas_envs.core import wrap as wrap_env
+    from mas_train.metrics import rollout_metrics
+
+    class MetricEnv(ScriptEnv):
+        def episode_outcome(self):
+            base = super().episode_outcome()
+            m = {"answer_len": float(len(self.last_answer))}
+            if base.success:
+                m["solved_bonus"] = 1.0
+            return Outcome(base.team_reward, base.success, metrics=m)
+
+    col = RolloutCollector(
+        lambda: wrap_env(MetricEnv()),
+        generators={"shared": ScriptGenerator(tok, approve_all)},
+        tokenizers={"shared": tok},
+        agent_groups={"solver": "shared", "verifier": "shared"},
+        sampling={"solver": SamplingParams(max_new_tokens=8), "verifier": SamplingParams(max_new_tokens=8)},
+    )
+    batch = col.collect(TASKS, 2, step=0)
+    lens = [t.metrics["answer_len"] for t in batch.trajectories]
+    assert len(lens) == 4 and all(x > 0 for x in lens)
+    solved = [t for t in batch.trajectories if t.success]
+    assert all(t.metrics.get("solved_bonus") == 1.0 for t in solved)
+    assert all("solved_bonus" not in t.metrics for t in batch.trajectories if not t.success)
+    m = rollout_metrics(batch, 0.1)
+    assert m["env/answer_len"] == pytest.approx(sum(lens) / 4)
+    assert m.get("env/solved_bonus") == (1.0 if solved else None)

@@ -189,3 +189,15 @@ def test_resume_with_more_steps_records_the_change(tiny_run, capsys):
     from mas_train.config import TrainConfig
 
     assert TrainConfig.from_yaml(tiny_run / "config.yaml").max_steps == 2
+
+
+def test_a_dead_retriever_url_is_a_start_up_warning_not_an_error():
+    # Regression: retrieval errors were visible only in transcripts; nothing said at start-up that the URL is down.
+    pytest.importorskip("faiss")
+    from mas_train.config import parse_args
+    from mas_train.startup import prepare
+
+    url = "http://127.0.0.1:9/retrieve"  # the discard port: nothing listens there
+    plan = prepare(parse_args(["--env", "search-3agent", "--env_kwargs.retriever", url, "--eval_steps", "0"]))
+    assert len(plan.warnings) == 1 and "127.0.0.1:9" in plan.warnings[0]
+    assert prepare(parse_args(["--env", "search-3agent", "--eval_steps", "0"])).warnings == []
