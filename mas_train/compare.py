@@ -335,13 +335,11 @@ def _report_plots(
 
 # -- training side ---------------------------------------------------------------------------------------------
 def train_one(cfg) -> dict[str, Any]:
-    """Train one configuration to ``max_steps``; returns the trainer's summary (with ``run_dir``).
+    """Train one configuration to ``max_steps`` (:func:`mas_train.trainer.train`); returns its summary (with
+    ``run_dir``)."""
+    from mas_train.trainer import train
 
-    The one place mas-compare calls the trainer, so switching the training entry point is a one-line change.
-    """
-    from mas_train.cli import run_training
-
-    return run_training(cfg, progress=False)
+    return train(cfg, progress=False)
 
 
 def is_finished(run_dir: str | Path, max_steps: int, eval_on: bool) -> bool:

@@ -113,7 +113,7 @@ def test_run_comparison_skips_finished_and_refuses_reserved_flags(tmp_path):
         run_comparison([*flags, "--seed", "1"], ["drmas"], [0], tmp_path / "x", train_fn=fake_train)
 
 
-@pytest.mark.slow  # ~65 s on 2 cores (two tiny trainings); the fake-train_fn test above covers the loop
+# ~65 s on 2 cores (two tiny trainings): the one end-to-end check that mas-compare cannot rot
 def test_tiny_end_to_end_two_modes_then_rerun_trains_nothing(tmp_path, tiny_qwen3_path, monkeypatch, capsys):
     import mas_train.compare as compare
 
