@@ -105,6 +105,16 @@ def _plt():
     return plt
 
 
+def _tidy_axes(ax, ylabel: str) -> None:
+    """Whole-number step ticks; a fraction's axis spans at least [0, 1] so a flat 0 does not look like noise."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if "fraction" in ylabel or ylabel in ("reward", "success rate"):
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, -0.02), max(hi, 1.02))
+
+
 def _panels_figure(
     runs: Sequence[RunMetrics],
     panels: Sequence[tuple[str, str, str]],
@@ -143,6 +153,7 @@ def _panels_figure(
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+        _tidy_axes(ax, ylabel)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     if len(runs) > 1:
