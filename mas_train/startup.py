@@ -58,7 +58,7 @@ class RunPlan:
         resolved: agents mapped to model groups (:class:`~mas_train.config.ResolvedConfig`).
         env_factory: zero-argument constructor of the run's env.
         probe: one env built by ``env_factory`` (its agents, penalty and task lists were read from it).
-        train_tasks: training rows.
+        train_tasks: training rows (without any question of the evaluation rows).
         eval_tasks: evaluation rows (already cut to ``eval_num_tasks``), or ``None`` when evaluation is off.
         checkpoint: the checkpoint to resume from, or ``None``.
         changes: settings changed on resume, dotted name -> (saved, now).
@@ -214,6 +214,13 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
                 f"eval_data {src!r}", lambda: T.eval_tasks(cfg, probe, limit=cfg.eval_num_tasks)
             )
         except T.NoEvalTasksError as err:
+            raise ConfigError(str(err)) from None
+        # Held-out means held out: a procedural generator repeats questions across seeds, a file may too.
+        from mas_envs.data import drop_overlap
+
+        try:
+            train = drop_overlap(train, evals, what="training")
+        except ValueError as err:
             raise ConfigError(str(err)) from None
     return RunPlan(
         config=cfg,

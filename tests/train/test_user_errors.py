@@ -201,3 +201,17 @@ def test_a_dead_retriever_url_is_a_start_up_warning_not_an_error():
     plan = prepare(parse_args(["--env", "search-3agent", "--env_kwargs.retriever", url, "--eval_steps", "0"]))
     assert len(plan.warnings) == 1 and "127.0.0.1:9" in plan.warnings[0]
     assert prepare(parse_args(["--env", "search-3agent", "--eval_steps", "0"])).warnings == []
+
+
+def test_training_rows_never_hold_an_evaluation_question():
+    # Two seeds of a small procedural generator repeat questions: the start-up drops them from training.
+    from mas_train.config import parse_args
+    from mas_train.startup import prepare
+
+    spec = "rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+,-"
+    argv = ["--train_data", f"{spec}&size=500&seed=1", "--eval_data", f"{spec}&size=50&seed=1001"]
+    with pytest.warns(UserWarning, match="dropped"):
+        plan = prepare(parse_args([*argv, "--eval_num_tasks", "50"]))
+    held_out = {r["question"] for r in plan.eval_tasks}
+    assert len(plan.eval_tasks) == 50 and 0 < len(plan.train_tasks) < 500
+    assert not any(r["question"] in held_out for r in plan.train_tasks)
