@@ -66,11 +66,24 @@ def runs_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("readme-runs")
 
 
-# resume commands run last, after a run exists to continue
-@pytest.mark.parametrize("cmd", sorted(readme_commands(), key=lambda c: "--resume" in c))
+def _order(cmd: str) -> int:
+    """Commands that continue or evaluate a run go after the ones that make runs."""
+    return 2 if "--checkpoint" in cmd else 1 if "--resume" in cmd else 0
+
+
+@pytest.mark.parametrize("cmd", sorted(readme_commands(), key=_order))
 def test_readme_command_runs(cmd, runs_dir, capsys):
     argv = shlex.split(cmd)
     prog, args = argv[0], argv[1:]
+    if prog == "mas-eval" and "--checkpoint" in args:
+        from mas_train.checkpoint import find_checkpoint
+        from mas_train.cli import eval_main
+
+        run = find_checkpoint("latest", runs_dir).parent.parent
+        args = [str(run) if a == "RUN" else a for a in args]
+        assert eval_main([*args, "--num_tasks", "1", "--k", "1", "--max_new_tokens", "4"]) == 0
+        assert "avg@1" in capsys.readouterr().out
+        return
     if "--help" in args or prog != "mas-train":
         main = _main(prog)
         with pytest.raises(SystemExit) as exit_info:
@@ -83,8 +96,8 @@ def test_readme_command_runs(cmd, runs_dir, capsys):
 
     cfg = _tiny(parse_args([*args, *SHRINK, "--output_dir", str(runs_dir)]))
     summary = train(cfg, progress=False)
-    assert summary["steps"] == cfg.max_steps
-    assert summary["checkpoint"] and summary["eval"], summary
+    assert summary["steps"] == cfg.max_steps and summary["checkpoint"], summary
+    assert summary["eval"] or summary["already_complete"], summary
 
 
 def _main(prog: str):
