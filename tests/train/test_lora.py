@@ -177,6 +177,39 @@ def test_adapters_save_in_peft_format_and_reload_to_the_same_logprobs(tmp_path, 
         with loaded.disable_adapter():  # the adapter matters: the base alone is measurably different
             assert (_logps(loaded, FIXED) - expected[a]).abs().max() > 1e-4
 
+    # the mas-eval path: generation-only workers (train=False) load the adapters and reproduce the policy
+    from mas_train.pools import LocalPool
+
+    pool = LocalPool(_cfg(tmp_path, tiny_qwen3_path, "eval", **SHARED).resolve(AGENTS), train=False).start()
+    try:
+        for a in AGENTS:
+            w = pool.worker(a)
+            assert (
+                w.trainer is None
+                and w.num_parameters == 0
+                and w.peft_model is pool.worker("solver").peft_model
+            )
+            w.load_weights(str(ckpt / "groups" / a))
+        for a in AGENTS:
+            pool.worker(a)._activate()
+            torch.testing.assert_close(
+                _logps(pool.worker(a).peft_model, FIXED), expected[a], rtol=0, atol=1e-5
+            )
+    finally:
+        pool.shutdown()
+
+    # mas-export: one merged plain HF model per agent, same logprobs, no PEFT needed to load it
+    from transformers import AutoModelForCausalLM
+
+    from mas_train.export import main as export_main
+
+    assert export_main([str(ckpt.parent.parent), "--out", str(tmp_path / "export")]) == 0
+    for a in AGENTS:
+        assert not (tmp_path / "export" / a / "adapter_config.json").exists()
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / a).eval()
+        torch.testing.assert_close(_logps(merged, FIXED), expected[a], rtol=0, atol=1e-5)
+    assert export_main([str(ckpt), "--out", str(tmp_path / "export")]) == 2  # never overwrites
+
 
 def test_shared_lora_resume_continues_exactly(tmp_path, tiny_qwen3_path):
     kw = dict(**SHARED)
@@ -251,5 +284,16 @@ def test_a_frozen_verifier_acts_and_is_logged_but_only_the_solver_trains(tmp_pat
         assert "losses/loss/verifier" not in metrics and "losses/grad_norm/verifier" not in metrics
         ckpt = tr.save_checkpoint()
         assert sorted(p.name for p in (ckpt / "groups" / "verifier").iterdir()) == ["state.json"]
+        expected = {g: _logps(tr.pool.worker(g).model, FIXED) for g in AGENTS}
     finally:
         tr.close()
+    # mas-export: the trained solver's folder, and the frozen verifier's base model
+    from transformers import AutoModelForCausalLM
+
+    from mas_train.export import export_checkpoint
+
+    written = export_checkpoint(ckpt, tmp_path / "export")
+    assert list(written) == AGENTS
+    for a in AGENTS:
+        model = AutoModelForCausalLM.from_pretrained(written[a]).eval()
+        torch.testing.assert_close(_logps(model, FIXED), expected[a], rtol=0, atol=1e-5)
