@@ -297,3 +297,17 @@ def test_a_frozen_verifier_acts_and_is_logged_but_only_the_solver_trains(tmp_pat
     for a in AGENTS:
         model = AutoModelForCausalLM.from_pretrained(written[a]).eval()
         torch.testing.assert_close(_logps(model, FIXED), expected[a], rtol=0, atol=1e-5)
+
+
+def test_lora_kl_reference_is_the_base_with_the_adapter_disabled(tmp_path, tiny_qwen3_path):
+    tr = _trainer(tmp_path, tiny_qwen3_path, model_groups={"shared": {"lora": {"r": 2}}}, grpo={"beta": 0.1})
+    try:
+        w = tr.pool.worker("shared")
+        assert w.trainer.ref_model is None and w.trainer._ref_is_base  # no second copy of the weights
+        m1, _ = tr.train_step()
+        m2, _ = tr.train_step()
+        # step 1: the adapter is still B = 0, so policy = reference and KL = 0; after it moved, KL > 0
+        assert m1["losses/kl/shared"] == pytest.approx(0.0, abs=1e-7)
+        assert m2["losses/kl/shared"] > 0
+    finally:
+        tr.close()
