@@ -4,9 +4,11 @@ Layout (``<run_dir>/checkpoints/step-000010/``)::
 
     groups/<model group>/model/         Hugging Face folder (config, safetensors, tokenizer): loadable by
                                         from_pretrained, mas-eval --model, or any HF tool
+    groups/<model group>/adapter/       instead of model/ for a LoRA group: PEFT's adapter_config.json +
+                                        adapter_model.safetensors (+ tokenizer), PeftModel.from_pretrained
     groups/<model group>/optimizer.pt   TRL/transformers optimizer state
     groups/<model group>/scheduler.pt   LR scheduler state
-    groups/<model group>/state.json     the group trainer's global step
+    groups/<model group>/state.json     the group trainer's global step, its agents and base model
     trainer_state.pt                    step, data position, RNG states (python, numpy, torch)
     trainer_state.json                  the same minus RNG, human-readable
     config.yaml                         the run's TrainConfig

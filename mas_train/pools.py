@@ -24,6 +24,9 @@ __all__ = ["LocalPool", "make_pool"]
 class LocalPool:
     """All model groups in this process (CPU runs, one-GPU runs, tests).
 
+    With ``model_sharing: shared_lora`` the base group's worker (the first group) loads the base model and
+    every other group adds its LoRA adapter to that same ``PeftModel``: one copy of the base weights.
+
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
         train: forwarded to each worker (``False``: generation only, as ``mas-eval`` needs).
@@ -44,7 +47,10 @@ class LocalPool:
 
         for g in self.groups:
             if g not in self._workers:
-                self._workers[g] = ModelGroupWorker(self.resolved, g, train=self.train)
+                # model_sharing shared_lora: one PeftModel (the base group's) carries every group's adapter
+                base = getattr(self.resolved.model_groups[g], "base_group", None)
+                shared = self._workers[base].peft_model if base not in (None, g) else None
+                self._workers[g] = ModelGroupWorker(self.resolved, g, train=self.train, shared_model=shared)
         return self
 
     def worker(self, group: str) -> Any:

@@ -124,7 +124,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         micro_batch_size: samples per forward/backward; the step's samples are accumulated over
             ``ceil(n / micro_batch_size)`` micro-batches (more if split by agent), one optimizer step.
         ref_model: frozen reference policy for the KL term; built as a copy of ``model`` when
-            ``args.beta > 0`` and none is given.
+            ``args.beta > 0`` and none is given (a ``peft.PeftModel``: its base with adapters disabled).
 
     After every :meth:`update` the TRL optimizer, scheduler and ``state.global_step`` have advanced by
     ``args.num_iterations`` steps.
@@ -135,8 +135,13 @@ class GroupGRPOTrainer(GRPOTrainer):
 
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        from accelerate.utils import is_peft_model
+
         beta = float(args.beta)
-        if beta != 0.0 and ref_model is None:
+        # A LoRA policy's reference is its base with the adapter switched off (the adapter starts at B = 0, so
+        # that is the initial policy), as TRL does for PEFT: no second copy of the weights.
+        self._ref_is_base = beta != 0.0 and ref_model is None and is_peft_model(model)
+        if beta != 0.0 and ref_model is None and not self._ref_is_base:
             ref_model = copy.deepcopy(model)  # before TRL patches the forward
         # TRL would reload the reference from the hub id in model.config; build it from our copy instead.
         args.beta = 0.0
@@ -151,7 +156,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         )
         args.beta = beta
         self.beta = beta
-        if beta != 0.0:
+        if beta != 0.0 and not self._ref_is_base:
             from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
             ref_model.eval().requires_grad_(False)
@@ -343,7 +348,10 @@ class GroupGRPOTrainer(GRPOTrainer):
             )
             if need_old:
                 inp["old_per_token_logps"] = self._frozen_logps(self.model, inp)
-            if self.beta != 0.0:
+            if self.beta != 0.0 and self._ref_is_base:
+                with self.accelerator.unwrap_model(self.model).disable_adapter():
+                    inp["ref_per_token_logps"] = self._frozen_logps(self.model, inp)
+            elif self.beta != 0.0:
                 inp["ref_per_token_logps"] = self._frozen_logps(self.ref_model, inp)
             prepared.append((agent, inp))
         if use_is and need_old:

@@ -69,15 +69,24 @@ class ModelGroupWorker:
         group: name of the model group this worker trains.
         train: build the GRPO update (optimizer, scheduler). ``False`` for a group that only generates: a
             frozen group, or every group in ``mas-eval``. ``None``: the group's ``trainable`` setting.
+        shared_model: with ``model_sharing: shared_lora``, the ``peft.PeftModel`` of the group's
+            ``base_group`` worker (:attr:`peft_model`): this group adds its adapter to it instead of loading
+            the base again. ``None``: load the group's model.
+
+    A group with a ``lora`` section trains a PEFT LoRA adapter named after the group (:mod:`mas_train.lora`):
+    only the adapter's parameters have ``requires_grad`` and sit in the optimizer, the weight sync pushes only
+    the adapter's tensors, and checkpoints hold the adapter in PEFT's format (``adapter/``).
 
     Attributes:
         tokenizer: the group's tokenizer (left padding, pad token set).
         model_path: the local folder or hub id the weights were loaded from.
-        num_parameters: trainable parameter count (0 for a group that does not train).
+        num_parameters: trainable parameter count (0 for a group that does not train; the adapter's for LoRA).
         trains: whether :meth:`update` may be called.
+        adapter: the group's LoRA adapter name (the group name), or ``None`` for full fine-tuning.
+        peft_model: the ``peft.PeftModel`` holding the adapter (shared by every group on one base), or ``None``.
     """
 
-    def __init__(self, resolved, group: str, *, train: bool | None = None) -> None:
+    def __init__(self, resolved, group: str, *, train: bool | None = None, shared_model=None) -> None:
         from mas_train.backends import backend_kind, make_backend
         from mas_train.models import load_model_and_tokenizer, load_tokenizer, resolve_model_path
 
@@ -89,6 +98,10 @@ class ModelGroupWorker:
         self.trains = bool(getattr(g, "trainable", True)) if train is None else bool(train)
         self.model_path = resolve_model_path(g.model)
         self.trainer: GroupGRPOTrainer | None = None
+        self.lora = getattr(g, "lora", None)
+        self.adapter: str | None = None
+        self.peft_model = None
+        self._fused_forward = None
         if not backend_kind(g.backend).can_train:
             # A remote endpoint generates; the group's model only provides the tokenizer (prompt ids, lengths).
             self.tokenizer = load_tokenizer(self.model_path)
@@ -97,16 +110,39 @@ class ModelGroupWorker:
             self.backend = make_backend(g, None, self.tokenizer)
             self.updates = 0
             return
-        with hf_progress_bars_off():
-            model, tok = load_model_and_tokenizer(
-                self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=self.device
-            )
+        if shared_model is not None:
+            if self.lora is None:
+                raise ValueError(f"model group {group!r} has no lora section; it cannot share a base model")
+            tok = load_tokenizer(self.model_path)
+            model = shared_model
+        else:
+            with hf_progress_bars_off():
+                model, tok = load_model_and_tokenizer(
+                    self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=self.device
+                )
         self.tokenizer = tok
+        if self.lora is not None:
+            from mas_train import lora
+
+            self.adapter = group
+            if shared_model is None:
+                model = lora.wrap(model, self.lora, group)
+            else:
+                lora.add(model, self.lora, group)
+            self.peft_model = model
+            # the optimizer TRL builds holds exactly the parameters with requires_grad: this adapter's
+            lora.activate(model, group, trainable=self.trains)
         if self.trains:
             self.trainer = self._build_trainer(resolved, g, model, tok)
             self.model = self.trainer.model
+            if self.peft_model is not None:
+                # TRL patched the base model's forward with its fused LM head at this group's temperature; groups
+                # sharing one base each put their own patch back before they train (see _activate).
+                self._fused_forward = self.peft_model.get_base_model().__dict__.get("forward")
         else:
-            model.eval().requires_grad_(False)
+            model.eval()
+            if self.peft_model is None:
+                model.requires_grad_(False)
             self.model = model
         self.num_parameters = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.backend = make_backend(g, self.model, tok)
@@ -143,13 +179,28 @@ class ModelGroupWorker:
     def _unwrapped(self):
         return self.trainer.accelerator.unwrap_model(self.model) if self.trainer is not None else self.model
 
+    def _activate(self, *, training: bool = False) -> None:
+        """Put this group's adapter (and, to train, its fused LM head and LoRA dropout) in place on a model
+        that other groups' adapters share; nothing to do for full fine-tuning."""
+        if self.peft_model is None:
+            return
+        from mas_train import lora
+
+        lora.activate(self.peft_model, self.adapter, trainable=self.trainer is not None)
+        if training:
+            if self._fused_forward is not None:
+                self.peft_model.get_base_model().forward = self._fused_forward
+            # TRL's disable_dropout (of every group built after this one, too) zeroes LoRA dropout
+            lora.restore_dropout(self.peft_model, self.adapter, self.lora.dropout)
+
     # -- generation ---------------------------------------------------------------------------------------
     @property
     def weight_version(self) -> int:
         return int(self.backend.weight_version)
 
     def generate(self, prompt_ids, sampling):
-        """The backend's ``generate`` (see :mod:`mas_train.backends.base`)."""
+        """The backend's ``generate`` (see :mod:`mas_train.backends.base`), with this group's adapter active."""
+        self._activate()
         return self.backend.generate(prompt_ids, sampling)
 
     @property
@@ -189,6 +240,7 @@ class ModelGroupWorker:
                     f"model group {self.group!r}: sample {s.traj_uid} turn {s.turn} was generated with weights "
                     f"v{s.weight_version} but the policy is at v{version}; collect fresh rollouts after each update"
                 )
+        self._activate(training=True)
         self.backend.sleep()
         try:
             out = self.trainer.update(samples, advantages, agent_grad_norms=agent_grad_norms)
@@ -199,43 +251,86 @@ class ModelGroupWorker:
 
     def sync_weights(self) -> int:
         """Push the policy's weights to the backend (the weight sync); returns the backend's new
-        ``weight_version``. A frozen group has nothing to push and keeps its version."""
+        ``weight_version``. A frozen group has nothing to push and keeps its version.
+
+        A LoRA group pushes only its adapter's tensors (PeftModel names): a backend that samples with the
+        trained PeftModel itself (``share_model``) then only bumps its version; a private copy (a deep copy of
+        the PeftModel, adapters unmerged) receives the adapter tensors."""
         if self.trainer is None:
             return self.weight_version
-        return int(self.backend.update_weights(self._unwrapped().state_dict()))
+        return int(self.backend.update_weights(self._sync_tensors()))
+
+    def _sync_tensors(self) -> dict:
+        if self.peft_model is not None:
+            from mas_train import lora
+
+            return lora.adapter_state(self.peft_model, self.adapter)
+        return self._unwrapped().state_dict()
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def save(self, folder: str) -> None:
-        """Write this group's state under ``folder``: ``model/`` (Hugging Face format, with the tokenizer),
-        ``optimizer.pt``, ``scheduler.pt`` and ``state.json`` (global step, updates). A frozen group writes
+        """Write this group's state under ``folder``: ``model/`` (Hugging Face format, with the tokenizer) or,
+        for a LoRA group, ``adapter/`` (PEFT's ``adapter_config.json`` + ``adapter_model.safetensors``, with the
+        tokenizer; ``PeftModel.from_pretrained(base, folder / "adapter")`` loads it), ``optimizer.pt``,
+        ``scheduler.pt`` and ``state.json`` (global step, updates, agents, base model). A frozen group writes
         only ``state.json`` (its weights are its ``model`` setting's)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        state = {"updates": self.updates, "group": self.group, "trainable": self.trainer is not None}
+        state = {
+            "updates": self.updates,
+            "group": self.group,
+            "agents": list(self.agents),
+            "model": self.model_path,
+            "trainable": self.trainer is not None,
+            "lora": self.adapter is not None,
+        }
         if self.trainer is not None:
-            (folder / "model").mkdir(exist_ok=True)
+            out = folder / ("adapter" if self.adapter is not None else "model")
+            out.mkdir(exist_ok=True)
             with hf_progress_bars_off():
-                self._unwrapped().save_pretrained(folder / "model")
-                self.tokenizer.save_pretrained(folder / "model")
+                if self.adapter is not None:
+                    from mas_train import lora
+
+                    lora.save(self.peft_model, self.adapter, out)
+                else:
+                    self._unwrapped().save_pretrained(out)
+                self.tokenizer.save_pretrained(out)
             torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
             torch.save(self.trainer.lr_scheduler.state_dict(), folder / "scheduler.pt")
             state["global_step"] = self.trainer.state.global_step
         (folder / "state.json").write_text(json.dumps(state))
 
     def load_weights(self, folder: str) -> None:
-        """Load the weights :meth:`save` wrote (``folder/model``) into the policy and sync the backend; no
-        optimizer state (``mas-eval --checkpoint``). A group saved frozen keeps its own weights.
+        """Load the weights :meth:`save` wrote (``folder/model``, or ``folder/adapter`` for a LoRA group) into
+        the policy and sync the backend; no optimizer state (``mas-eval --checkpoint``). A group saved frozen
+        keeps its own weights.
 
         Raises:
-            FileNotFoundError: the folder lacks ``state.json`` or ``model/``.
-            RuntimeError: the saved weights do not fit this group's model (another ``model`` setting).
+            FileNotFoundError: the folder lacks ``state.json`` or ``model/`` (``adapter/``).
+            RuntimeError: the saved weights do not fit this group's model (another ``model`` or ``lora``
+                setting, or a LoRA checkpoint for a full fine-tune and vice versa).
         """
         from transformers import AutoModelForCausalLM
 
         folder = Path(folder)
         if not (folder / "state.json").is_file():
             raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / 'state.json'}")
-        if not json.loads((folder / "state.json").read_text()).get("trainable", True):
+        state = json.loads((folder / "state.json").read_text())
+        if not state.get("trainable", True):
+            return
+        if bool(state.get("lora", False)) != (self.adapter is not None):
+            saved, mine = ("a LoRA adapter", "full") if state.get("lora") else ("full weights", "LoRA")
+            raise RuntimeError(
+                f"checkpoint of group {self.group!r} holds {saved} but the group is configured for {mine} "
+                "training; use the run's model_sharing / lora settings"
+            )
+        if self.adapter is not None:
+            from mas_train import lora
+
+            if not (folder / "adapter").is_dir():
+                raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / 'adapter'}")
+            lora.load(self.peft_model, self.adapter, folder / "adapter")
+            self.backend.update_weights(self._sync_tensors())
             return
         if not (folder / "model").is_dir():
             raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / 'model'}")
@@ -267,7 +362,8 @@ class ModelGroupWorker:
         if self.trainer is None:
             self.load_weights(str(folder))
             return
-        for name in ("model", "optimizer.pt", "scheduler.pt", "state.json"):
+        weights = "adapter" if self.adapter is not None else "model"
+        for name in (weights, "optimizer.pt", "scheduler.pt", "state.json"):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / name}")
         self.load_weights(str(folder))

@@ -270,6 +270,12 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             **optim,
         )
     if shared_lora:
+        if cfg.pool == "ray":
+            raise ConfigError(
+                "model_sharing: shared_lora keeps one base model in one process for every agent's adapter, but "
+                "pool: ray puts each model group in its own actor; use pool: local, or model_sharing: per_agent "
+                "with a lora section per group (one base copy per actor)"
+            )
         distinct = {g.name: g.model for g in groups.values()}
         if len(set(distinct.values())) > 1:
             raise ConfigError(
