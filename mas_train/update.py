@@ -39,6 +39,9 @@ Where this module works around TRL (each checked against trl 1.16.0; re-check th
    to the step's completion tokens scaled by ``steps_per_generation / n_micro``, so TRL's loss normalisers
    see one optimizer step per update whatever the micro-batching.
 6. TRL's per-step metric store ``_metrics["train"]`` is read and cleared after every update.
+7. TRL patches the policy's forward with a fused LM head at the trainer's temperature. Under ``shared_lora``
+   several trainers share one base model, so each worker puts its own trainer's patch back before its update
+   (``mas_train.worker``), or every group would train at the last group's temperature.
 """
 
 from __future__ import annotations
