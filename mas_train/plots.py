@@ -261,8 +261,9 @@ def plot_runs(
                 (a, f"lemma/factor/{a}", r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$")
                 for a in _agents(runs, "lemma/factor/")
             ],
-            "Lemma 4.2 factor per agent (1 = global baseline costs nothing)",
+            "Lemma 4.2 factor per agent (1 = global baseline costs nothing; no point where σ = 0)",
             out / "lemma_factor.png",
+            marker="o",
             hline=1.0,
         ),
     ]
