@@ -252,7 +252,7 @@ def _band_figure(
     path: Path,
     hline: float | None = None,
 ) -> Path | None:
-    from mas_train.plots import _plt
+    from mas_train.plots import _plt, style_axes
 
     has = [p for p in panels if any(metrics[r.run_dir].get(p[1])[0] for rs in by_mode.values() for r in rs)]
     if not has:
@@ -278,12 +278,7 @@ def _band_figure(
             )
             if len(rs) > 1:
                 ax.fill_between(steps, lo, hi, color=c, alpha=0.2, lw=0)
-        if hline is not None:
-            ax.axhline(hline, color="k", lw=0.8, ls=":")
-        ax.set_title(ptitle, fontsize=10)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
+        style_axes(ax, ptitle, ylabel, hline=hline)
         ax.legend(fontsize=8)
     fig.suptitle(title + "\n(line = mean over seeds, band = min–max over seeds)", fontsize=11)
     fig.savefig(path, dpi=100)

@@ -105,10 +105,18 @@ def _plt():
     return plt
 
 
-def _tidy_axes(ax, ylabel: str) -> None:
-    """Whole-number step ticks; a fraction's axis spans at least [0, 1] so a flat 0 does not look like noise."""
+def style_axes(ax, title: str, ylabel: str, *, hline: float | None = None) -> None:
+    """The look every panel of mas-plot and mas-compare shares: title, "training step" on x with whole-number
+    ticks, a light grid, an optional dotted reference line, and a fraction's axis spanning at least [0, 1] so a
+    flat 0 does not look like noise."""
     from matplotlib.ticker import MaxNLocator
 
+    if hline is not None:
+        ax.axhline(hline, color="k", lw=0.8, ls=":")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if "fraction" in ylabel or ylabel in ("reward", "success rate"):
         lo, hi = ax.get_ylim()
@@ -147,13 +155,7 @@ def _panels_figure(
                     color=colors[j % len(colors)],
                     label=run.label,
                 )
-        if hline is not None:
-            ax.axhline(hline, color="k", lw=0.8, ls=":")
-        ax.set_title(ptitle, fontsize=10)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        _tidy_axes(ax, ylabel)
+        style_axes(ax, ptitle, ylabel, hline=hline)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     if len(runs) > 1:
