@@ -38,6 +38,7 @@ __all__ = [
     "pass_at_k",
     "pass_at_k_and_avg_at_k",
     "rollout_metrics",
+    "update_metrics",
     "unbiased_pass_at_k",
 ]
 
@@ -54,6 +55,24 @@ def env_metrics(per_episode: Sequence[Mapping[str, float]], prefix: str = "env/"
         for k, v in m.items():
             values[k].append(float(v))
     return {f"{prefix}{k}": float(np.mean(v)) for k, v in sorted(values.items())}
+
+
+def update_metrics(group: str, out: Mapping[str, float]) -> dict[str, float]:
+    """Names of one model group's update results (:meth:`~mas_train.update.GroupGRPOTrainer.update`):
+    ``grad_norm/<agent>`` → ``losses/grad_norm/<agent>`` (that agent's samples alone, Fig. 4), ``grad_norm`` →
+    ``losses/group_grad_norm/<group>``, loss / entropy / KL / clip ratios → ``losses/<name>/<group>``,
+    ``learning_rate`` → ``charts/learning_rate/<group>``, anything else → ``charts/<name>/<group>``."""
+    m: dict[str, float] = {}
+    for k, v in out.items():
+        if k.startswith("grad_norm/"):
+            m[f"losses/grad_norm/{k.split('/', 1)[1]}"] = v
+        elif k == "grad_norm":
+            m[f"losses/group_grad_norm/{group}"] = v
+        elif k in ("loss", "entropy", "kl") or k.startswith("clip_ratio"):
+            m[f"losses/{k}/{group}"] = v
+        else:
+            m[f"charts/{k}/{group}"] = v
+    return m
 
 
 def rollout_metrics(batch: Any, penalty: float) -> dict[str, float]:

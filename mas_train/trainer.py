@@ -113,7 +113,7 @@ class MultiGroupTrainer:
             ``(metrics, extra)``: flat float metrics and JSON-able extras (``tasks``: the task ids of the step).
         """
         from mas_train.advantages import compute_advantages_with_stats, lemma_metrics
-        from mas_train.metrics import rollout_metrics
+        from mas_train.metrics import rollout_metrics, update_metrics
 
         cfg = self.cfg
         t_start = time.perf_counter()
@@ -165,18 +165,7 @@ class MultiGroupTrainer:
             worker.sync_weights()
             t_sync += time.perf_counter() - t0
             metrics[f"charts/skipped/{g}"] = 0.0
-            for k, v in out.items():
-                if k.startswith("grad_norm/"):
-                    metrics[f"losses/grad_norm/{k.split('/', 1)[1]}"] = v  # per agent
-                elif k == "grad_norm":
-                    # the group's whole gradient; losses/grad_norm/<agent> is one agent's alone
-                    metrics[f"losses/group_grad_norm/{g}"] = v
-                elif k in ("loss", "entropy", "kl") or k.startswith("clip_ratio"):
-                    metrics[f"losses/{k}/{g}"] = v
-                elif k == "learning_rate":
-                    metrics[f"charts/learning_rate/{g}"] = v
-                else:
-                    metrics[f"charts/{k}/{g}"] = v
+            metrics.update(update_metrics(g, out))
         self.step += 1
         metrics.update(
             {
