@@ -72,7 +72,7 @@ class Sample:
     data_source: str
 
     def score(self, invalid_action_penalty: float) -> float:
-        """The turn's score ``s = R - c * invalid`` (design.md §1; Dr. MAS reference, digest §1.8)."""
+        """The turn's score ``s = R - c * invalid`` (docs/design.md §1, as the Dr. MAS reference scores turns)."""
         return self.team_reward - invalid_action_penalty * float(self.invalid)
 
 
@@ -221,7 +221,7 @@ def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
     """Render chat ``messages`` with ``tokenizer``'s chat template into prompt token ids.
 
     ``add_generation_prompt=True`` opens the assistant turn. ``enable_thinking=False`` is passed to every
-    template: Qwen3-style templates then emit an empty think block (the Dr. MAS math recipe, digest §7), and
+    template: Qwen3-style templates then emit an empty think block (as the Dr. MAS math recipe runs), and
     templates that do not read the variable ignore it.
 
     Returns:
