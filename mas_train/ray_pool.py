@@ -292,9 +292,9 @@ class RayPool:
         actor_cls = ray.remote(_ModelGroupActor)
         refs = {}
         for i, (name, g) in enumerate(self.resolved.model_groups.items()):
-            if g.num_gpus > 0 and (g.backend_kwargs or {}).get("gpu_ids"):
+            if g.num_gpus > 0 and getattr(g.backend_options, "gpu_ids", None):
                 logger.warning(
-                    "model group %r sets backend_kwargs.gpu_ids under pool: ray; Ray assigns this actor's GPU(s) "
+                    "model group %r sets backend_options.gpu_ids under pool: ray; Ray assigns this actor's GPU(s) "
                     "and renumbers them from 0 (CUDA_VISIBLE_DEVICES), so gpu_ids index the visible devices",
                     name,
                 )

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mas_train.config import ConfigError
 
-__all__ = ["RESUMABLE_CHANGES", "RunPlan", "config_changes", "make_env_factory", "prepare", "resume_target"]
+__all__ = ["RESUMABLE_CHANGES", "RunPlan", "make_env_factory", "prepare", "record_config", "resume_target"]
 
 #: Top-level settings (and sections, for nested ones) a resumed run may change.
 RESUMABLE_CHANGES = frozenset(
@@ -81,23 +81,6 @@ class RunPlan:
         return self.resolved.run_dir
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def config_changes(saved: Any, now: Any) -> dict[str, tuple[Any, Any]]:
-    """Settings that differ between two ``TrainConfig``s: dotted name -> (saved value, new value)."""
-    a, b = _flatten(saved.to_dict()), _flatten(now.to_dict())
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-
-
 def resume_target(cfg: Any) -> tuple[Any, Path | None, dict[str, tuple[Any, Any]]]:
     """Resolve ``cfg.resume`` and check what the resumed run changes.
 
@@ -110,7 +93,7 @@ def resume_target(cfg: Any) -> tuple[Any, Path | None, dict[str, tuple[Any, Any]
         ConfigError: a change that a resumed run cannot honour (see the module docstring).
     """
     from mas_train.checkpoint import find_checkpoint
-    from mas_train.config import TrainConfig
+    from mas_train.config import TrainConfig, config_diff
 
     if not cfg.resume:
         return cfg, None, {}
@@ -121,7 +104,7 @@ def resume_target(cfg: Any) -> tuple[Any, Path | None, dict[str, tuple[Any, Any]
     if not saved_path.is_file():
         return cfg, ckpt, {}
     saved = TrainConfig.from_yaml(saved_path)
-    changes = config_changes(saved, cfg)
+    changes = config_diff(saved, cfg)
     refused = {k: v for k, v in changes.items() if k.split(".", 1)[0] not in RESUMABLE_CHANGES}
     if refused:
         shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
@@ -208,13 +191,8 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
     )
     evals = None
     if evaluation_on(cfg):
-        try:
-            src = T.eval_source(cfg, probe)
-            evals = _load_tasks(
-                f"eval_data {src!r}", lambda: T.eval_tasks(cfg, probe, limit=cfg.eval_num_tasks)
-            )
-        except T.NoEvalTasksError as err:
-            raise ConfigError(str(err)) from None
+        src = T.eval_source(cfg, probe)
+        evals = _load_tasks(f"eval_data {src!r}", lambda: T.eval_tasks(cfg, probe, limit=cfg.eval_num_tasks))
         # Held-out means held out: a procedural generator repeats questions across seeds, a file may too.
         from mas_envs.data import drop_overlap
 

@@ -19,11 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from mas_train.config.common import ConfigError
+
 __all__ = ["NoEvalTasksError", "TaskSampler", "eval_source", "eval_tasks", "train_tasks"]
 
 
-class NoEvalTasksError(ValueError):
-    """Evaluation is on but neither the config nor the env names an evaluation set."""
+class NoEvalTasksError(ConfigError):
+    """Evaluation is on but neither the config nor the env names an evaluation set (a user mistake: a
+    :class:`~mas_train.config.ConfigError`, printed as one line)."""
 
 
 def _load(source: Any, fields: Mapping[str, str] | None) -> list[dict[str, Any]]:

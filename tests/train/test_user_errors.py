@@ -83,7 +83,7 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
     # Regression: it trained, checkpointed, then died with a bare ValueError traceback at its first evaluation.
     monkeypatch.syspath_prepend(str(EXAMPLES))
     argv = ["--env", "custom_env:echo-2agent", "--output_dir", str(tmp_path)]
-    _assert_user_error(*_run(train_main, argv, capsys), "eval_data")
+    _assert_user_error(*_run(train_main, argv, capsys), "has no evaluation set: set eval_data")
     # with evaluation off it is a valid run (checked up to the start-up plan, no model needed)
     from mas_train.config import parse_args
     from mas_train.startup import prepare
