@@ -113,6 +113,7 @@ class _ModelGroupActor:
             "num_parameters": w.num_parameters,
             "model_path": w.model_path,
             "agents": tuple(w.agents),
+            "wants_messages": w.wants_messages,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
@@ -129,7 +130,8 @@ class _ModelGroupActor:
 class RayWorkerHandle:
     """Driver-side stand-in for one group's :class:`~mas_train.worker.ModelGroupWorker` in a Ray actor.
 
-    Same methods as the worker (``generate``, ``update``, ``sync_weights``, ``save``, ``load``, ``close``), each
+    Same methods as the worker (``generate``, ``generate_messages``, ``update``, ``sync_weights``, ``save``,
+    ``load``, ``close``; ``wants_messages`` and ``usage``), each
     a blocking remote call bounded by ``call_timeout_s``. Paths given to ``save``/``load`` are made absolute in
     the driver first.
 
@@ -148,6 +150,7 @@ class RayWorkerHandle:
         self.agents = tuple(info["agents"])
         self.pid = int(info["pid"])
         self.node = info["node"]
+        self.wants_messages = bool(info.get("wants_messages", False))
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._pool._get(self.actor.call.remote(method, *args, **kwargs), f"{self.group}.{method}")
@@ -158,6 +161,13 @@ class RayWorkerHandle:
 
     def generate(self, prompt_ids, sampling):
         return self._call("generate", prompt_ids, sampling)
+
+    def generate_messages(self, messages, sampling):
+        return self._call("generate_messages", messages, sampling)
+
+    @property
+    def usage(self) -> dict[str, float]:
+        return dict(self._pool._get(self.actor.get.remote("usage"), f"{self.group}.usage"))
 
     def update(self, samples, advantages, **kwargs):
         return self._call("update", samples, advantages, **kwargs)

@@ -109,6 +109,8 @@ def test_workers_run_in_actors_and_are_cleaned_up(ray_cluster, tiny_qwen3_path, 
         out = solver.generate([[9707, 1879]], SamplingParams(max_new_tokens=3, seed=0))[0]
         assert len(out.completion_ids) == len(out.logprobs) == 3 and out.weight_version == 0
         assert solver.sync_weights() == 1 and solver.weight_version == 1
+        # the chat-endpoint path and a remote backend's counters reach the driver too (hf: token ids, no counters)
+        assert solver.wants_messages is False and solver.usage == {}
         solver.save(str(tmp_path / "ckpt"))  # the path is made absolute in the driver
         assert (tmp_path / "ckpt" / "model" / "config.json").is_file()
         # the two bundles (1 + 0.5 CPUs) are reserved while the pool lives
