@@ -213,7 +213,7 @@ class MultiGroupTrainer:
         self.last_checkpoint = save_checkpoint(
             self.run_dir, self.step, self.pool, self.state_dict(), self.cfg.to_yaml()
         )
-        prune_checkpoints(self.run_dir, getattr(self.cfg, "save_total_limit", None))
+        prune_checkpoints(self.run_dir, self.cfg.save_total_limit)
         return self.last_checkpoint
 
     def load_checkpoint(self, ckpt: str | Path) -> None:
@@ -260,7 +260,7 @@ class MultiGroupTrainer:
         agents = list(self.resolved.agents)
         evaluate = bool(cfg.eval_steps)
         start_step = self.step
-        if evaluate and self.step == 0 and getattr(cfg, "eval_before_training", False):
+        if evaluate and self.step == 0 and cfg.eval_before_training:
             say(f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} before training (step 0)…")
             logger.log(0, self.evaluate())
         last: dict[str, float] = {}

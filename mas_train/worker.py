@@ -95,10 +95,10 @@ class ModelGroupWorker:
         self.group = group
         self.agents = tuple(g.agents)
         self.device = _device(cfg.device)
-        self.trains = bool(getattr(g, "trainable", True)) if train is None else bool(train)
+        self.trains = g.trainable if train is None else bool(train)
         self.model_path = resolve_model_path(g.model)
         self.trainer: GroupGRPOTrainer | None = None
-        self.lora = getattr(g, "lora", None)
+        self.lora = g.lora
         self.adapter: str | None = None
         self.peft_model = None
         self._fused_forward = None
