@@ -98,6 +98,11 @@ def test_readme_command_runs(cmd, runs_dir, capsys):
     summary = train(cfg, progress=False)
     assert summary["steps"] == cfg.max_steps and summary["checkpoint"], summary
     assert summary["eval"] or summary["already_complete"], summary
+    if not summary["already_complete"]:  # every run draws its pictures: reward and evaluation at least
+        names = {Path(p).name for p in summary["plots"]}
+        assert {"reward.png", "eval.png"} <= names and all(
+            Path(p).stat().st_size > 1000 for p in summary["plots"]
+        )
 
 
 def _main(prog: str):
