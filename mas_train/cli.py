@@ -145,13 +145,13 @@ def run_eval(ev, out=None) -> dict[str, float]:
     from mas_train.eval import eval_sampling, evaluate
     from mas_train.pools import LocalPool
     from mas_train.rollout import RolloutCollector
-    from mas_train.startup import _load_tasks, _probe_env, make_env_factory
+    from mas_train.startup import load_task_rows, make_env_factory, probe_env
     from mas_train.tasks import NoEvalTasksError, eval_tasks
 
     out = out or sys.stdout
     cfg, weights, ckpt = _eval_config(ev)
     factory = make_env_factory(cfg)
-    probe = _probe_env(cfg, factory)
+    probe = probe_env(cfg, factory)
     resolved = cfg.resolve(list(probe.possible_agents))
     if weights is not None:
         saved = sorted(p.name for p in (weights / "groups").iterdir() if p.is_dir())
@@ -162,7 +162,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
                 f"checkpoint groups {saved} do not match the config's {list(resolved.model_groups)}"
             )
     try:
-        tasks = _load_tasks(
+        tasks = load_task_rows(
             f"evaluation data {cfg.eval_data!r}", lambda: eval_tasks(cfg, probe, limit=ev.num_tasks)
         )
     except NoEvalTasksError as err:

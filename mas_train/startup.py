@@ -24,7 +24,16 @@ from typing import Any
 
 from mas_train.config import ConfigError
 
-__all__ = ["RESUMABLE_CHANGES", "RunPlan", "make_env_factory", "prepare", "record_config", "resume_target"]
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "RunPlan",
+    "load_task_rows",
+    "make_env_factory",
+    "prepare",
+    "probe_env",
+    "record_config",
+    "resume_target",
+]
 
 #: Top-level settings (and sections, for nested ones) a resumed run may change.
 RESUMABLE_CHANGES = frozenset(
@@ -129,7 +138,13 @@ def make_env_factory(cfg: Any) -> Callable[[], Any]:
     return env_factory
 
 
-def _probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
+def probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
+    """``factory()``, with an unknown env id or an env argument the env does not take turned into a
+    :class:`ConfigError` that says where to look.
+
+    Raises:
+        ConfigError: as above.
+    """
     from mas_envs.registration import UnknownEnvError
 
     try:
@@ -143,7 +158,13 @@ def _probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
         ) from None
 
 
-def _load_tasks(what: str, loader: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def load_task_rows(what: str, loader: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """``loader()``'s rows, with a missing, unreadable or empty data source turned into one
+    :class:`ConfigError` line that starts with ``what`` (and names ``data_fields`` for a missing column).
+
+    Raises:
+        ConfigError: as above.
+    """
     try:
         rows = loader()
     except ConfigError:
@@ -183,16 +204,18 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
 
     cfg, ckpt, changes = resume_target(cfg)
     factory = env_factory or make_env_factory(cfg)
-    probe = _probe_env(cfg, factory)
+    probe = probe_env(cfg, factory)
     resolved = cfg.resolve(list(probe.possible_agents))
-    train = _load_tasks(
+    train = load_task_rows(
         f"train_data {cfg.train_data!r}" if cfg.train_data else "the env's training tasks",
         lambda: T.train_tasks(cfg, probe),
     )
     evals = None
     if evaluation_on(cfg):
         src = T.eval_source(cfg, probe)
-        evals = _load_tasks(f"eval_data {src!r}", lambda: T.eval_tasks(cfg, probe, limit=cfg.eval_num_tasks))
+        evals = load_task_rows(
+            f"eval_data {src!r}", lambda: T.eval_tasks(cfg, probe, limit=cfg.eval_num_tasks)
+        )
         # Held-out means held out: a procedural generator repeats questions across seeds, a file may too.
         from mas_envs.data import drop_overlap
 
