@@ -51,7 +51,9 @@ and implements these public hooks (all called by the base class; none of them to
   once when the episode ends.
 * optionally call `add_note(text)` to add an env message (such as retrieved passages) to the transcript, and
   define the classmethods `golden_episodes()` (`GoldenEpisode`s that `mas_envs.testing.check_env` replays)
-  and `conformance_kwargs()` (constructor kwargs for those checks, e.g. a stub retriever).
+  and `conformance_kwargs()` (constructor kwargs for those checks, e.g. a stub retriever); override
+  `startup_warnings()` to tell the user, before training starts, about a problem that need not stop it (the
+  search envs warn when their retrieval server does not answer).
 
 The hook names of mas-rl 0.1 (`_start`, `_prompt`, `_act`, `_outcome`, `_note`) still work for one version: a
 subclass that defines an old name (and not the new one) gets a `DeprecationWarning` naming the new one when the
@@ -356,6 +358,11 @@ class TextAECEnv(AECEnv[str, str, str]):
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:
         """Scripted episodes with exact expected results for `mas_envs.testing.check_env` (default: none)."""
+        return []
+
+    def startup_warnings(self) -> list[str]:
+        """Problems worth telling the user before training starts that need not stop it (e.g. a retrieval
+        server that does not answer yet). Trainers print each as one line. Default: none."""
         return []
 
     @classmethod

@@ -232,20 +232,8 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
         eval_tasks=evals,
         checkpoint=ckpt,
         changes=changes,
-        warnings=[w for w in (_retriever_health(cfg),) if w],
+        warnings=list(getattr(probe.unwrapped, "startup_warnings", list)()),
     )
-
-
-def _retriever_health(cfg: Any) -> str | None:
-    """A warning when the env's ``retriever`` URL(s) do not answer (see ``retrieval_index.check_health``)."""
-    retriever = cfg.env_kwargs.get("retriever")
-    if retriever is None:
-        return None
-    try:
-        from retrieval_index import check_health
-    except ImportError:  # the search extra is not installed; the env reports that itself
-        return None
-    return check_health(retriever)
 
 
 def record_config(plan: RunPlan, step: int) -> None:

@@ -285,6 +285,16 @@ class RetrievalErrorsMixin:
         """``{"retrieval_errors": n}``: failed retriever calls in this episode, as a float."""
         return {"retrieval_errors": float(self.retrieval_errors)}
 
+    def startup_warnings(self) -> list[str]:
+        """A warning when the retriever is a server URL that does not answer (``retrieval_index.check_health``);
+        it may still be loading its index, so this warns rather than fails."""
+        try:
+            from retrieval_index import check_health
+        except ImportError:  # no search extra: the first search reports it
+            return []
+        warning = check_health(self.retriever)
+        return [warning] if warning else []
+
 
 class NotesAfterActionMixin:
     """Put env messages (retrieved passages) in the transcript *after* the action that caused them.
