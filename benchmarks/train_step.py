@@ -8,12 +8,18 @@ gradient norms). Repetitions alternate between the sides and the medians are com
 measured in the same run and the update's FLOP/s (``6 * N`` per prompt + completion token) is printed as a
 fraction of it. Goal: ``ratio_vs_trl <= 1.0``.
 
+``--shared_prefix N`` starts every prompt of an agent with the same N tokens (as the few-shot prompts do: 244 of
+the verifier's ~265 tokens) and also times ours with the shared-prefix forward switched off
+(``mas_train.prefix``): ``ratio_shared_prefix`` = ours / ours-without-it, same batch, same gradient.
+
     python benchmarks/train_step.py --threads 2              # SmolLM2-135M, 8 samples, dapo
+    python benchmarks/train_step.py --shared_prefix 200 --prompt_len 240 --completion_len 20 --batch 16
     python benchmarks/train_step.py --model tiny-qwen3 --reps 5 --loss_type grpo
     python benchmarks/train_step.py --tiny --json            # tiny-qwen3, 2 short samples, 1 rep (CI)
 
-JSON keys: ``ratio_vs_trl`` (ours / plain TRL, medians), ``ratio_agent_norms_vs_trl``, ``ours_s``, ``trl_s``,
-``update_roof_frac`` (ours).
+JSON keys: ``ratio_vs_trl`` (ours / plain TRL, medians), ``ratio_agent_norms_vs_trl``, ``ratio_shared_prefix``
+(with ``--shared_prefix``), ``ours_s``, ``trl_s``, ``update_roof_frac`` (ours; FLOPs of the full prompts, so above
+1 when the shared prefix saves work).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="samples in the batch")
     p.add_argument("--prompt_len", type=int, default=96)
     p.add_argument("--completion_len", type=int, default=48)
+    p.add_argument("--shared_prefix", type=int, default=0, help="tokens every prompt of an agent starts with")
     p.add_argument("--loss_type", default="dapo")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -40,7 +47,8 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="last line: one JSON object")
     a = p.parse_args()
     if a.tiny:
-        a.model, a.batch, a.prompt_len, a.completion_len, a.reps = "tiny-qwen3", 2, 24, 12, 1
+        a.model, a.batch, a.prompt_len, a.completion_len, a.reps = "tiny-qwen3", 4, 36, 12, 1
+        a.shared_prefix = 20
 
     import torch
     from trl import GRPOTrainer
@@ -54,10 +62,12 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     vocab = min(len(tok), 30000)
     samples, adv = [], []
+    heads = {k: torch.randint(0, vocab, (a.shared_prefix,), generator=g).tolist() for k in "ab"}
     for i in range(a.batch):
         # lengths vary like real turns do, so padding costs the same on both sides
         pl, cl = a.prompt_len - (i % 4) * 4, a.completion_len - (i % 3) * 4
-        prompt = torch.randint(0, vocab, (pl,), generator=g).tolist()
+        head = heads["ab"[i % 2]]
+        prompt = head + torch.randint(0, vocab, (pl - len(head),), generator=g).tolist()
         comp = torch.randint(0, vocab, (cl,), generator=g).tolist()
         samples.append(
             Sample(
@@ -72,6 +82,13 @@ def main() -> None:
     )
     ours = GroupGRPOTrainer(
         copy.deepcopy(model), tok, grpo_args(tmp + "/ours", **kw), micro_batch_size=a.batch
+    )
+    unshared = GroupGRPOTrainer(
+        copy.deepcopy(model),
+        tok,
+        grpo_args(tmp + "/unshared", **kw),
+        micro_batch_size=a.batch,
+        share_prefix=False,
     )
     # on-policy sampling logprobs, so the IS correction keeps every sequence (as with a real backend)
     inputs = ours.build_inputs(samples, adv)
@@ -113,6 +130,8 @@ def main() -> None:
         "ours": lambda: ours.update(samples, adv),
         "ours + per-agent grad norms": lambda: ours.update(samples, adv, agent_grad_norms=True),
     }
+    if a.shared_prefix:
+        variants["ours, no shared-prefix forward"] = lambda: unshared.update(samples, adv)
     for fn in variants.values():  # warm-up (allocator, first optimizer state)
         fn()
     times = {k: [] for k in variants}
@@ -121,7 +140,8 @@ def main() -> None:
             times[k].append(timed(fn))
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     print(
-        f"model {a.model} | batch {a.batch} samples, {tokens} tokens | loss_type {a.loss_type} | "
+        f"model {a.model} | batch {a.batch} samples, {tokens} tokens ({a.shared_prefix} shared per agent) | "
+        f"loss_type {a.loss_type} | "
         f"threads {threads} | {a.reps} reps (median)"
     )
     gemm = gemm_flops()
@@ -135,8 +155,12 @@ def main() -> None:
             f"  {k:<30} {med:7.3f} s   ratio {med / base:5.2f}   {flop / med / gemm:5.2f} of GEMM roof   "
             f"(all: {', '.join(f'{t:.3f}' for t in ts)})"
         )
+    extra = {}
+    if a.shared_prefix:
+        extra["ratio_shared_prefix"] = meds["ours"] / meds["ours, no shared-prefix forward"]
     emit(
         {
+            **extra,
             "model": a.model,
             "threads": threads,
             "tokens": tokens,

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from trl import GRPOTrainer
 
+from mas_train.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.rollout import Sample
 
 __all__ = ["GroupGRPOTrainer", "grpo_args"]
@@ -128,12 +129,16 @@ class GroupGRPOTrainer(GRPOTrainer):
             ``ceil(n / micro_batch_size)`` micro-batches (more if split by agent), one optimizer step.
         ref_model: frozen reference policy for the KL term; built as a copy of ``model`` when
             ``args.beta > 0`` and none is given (a ``peft.PeftModel``: its base with adapters disabled).
+        share_prefix: run the prompt prefix an agent's samples share once per update (:mod:`mas_train.prefix`;
+            same gradient, less compute) when ``num_iterations == 1`` and ``beta == 0``.
 
     After every :meth:`update` the TRL optimizer, scheduler and ``state.global_step`` have advanced by
     ``args.num_iterations`` steps.
     """
 
-    def __init__(self, model, tokenizer, args, *, micro_batch_size: int = 4, ref_model=None):
+    def __init__(
+        self, model, tokenizer, args, *, micro_batch_size: int = 4, ref_model=None, share_prefix: bool = True
+    ):
         from datasets import Dataset
 
         if micro_batch_size < 1:
@@ -171,11 +176,20 @@ class GroupGRPOTrainer(GRPOTrainer):
         self.pad_token_id = tokenizer.pad_token_id
         self.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
         self._is_ctx: dict | None = None
+        self.share_prefix = share_prefix
+        self._prefix: SharedPrefix | None = (
+            None  # the shared prefix the current micro-batch's rows start with
+        )
         self._is_stats: dict[str, list[float]] = defaultdict(list)
 
     # -- inputs ---------------------------------------------------------------------------------------
-    def build_inputs(self, samples: Sequence[Sample], advantages: Sequence[float]) -> dict[str, Any]:
+    def build_inputs(
+        self, samples: Sequence[Sample], advantages: Sequence[float], prefix_len: int = 0
+    ) -> dict[str, Any]:
         """Pad samples into TRL's loss inputs.
+
+        With ``prefix_len`` L > 0 (the samples' prompts share their first L tokens), each prompt row is laid out
+        ``[prefix | left padding | rest of the prompt]`` for :func:`mas_train.prefix.prefix_logps`.
 
         Returns a dict of tensors on the trainer's device: ``prompt_ids``/``prompt_mask`` (B, P) left-padded,
         ``completion_ids``/``completion_mask`` (B, T) right-padded (masks from lengths, never from
@@ -192,7 +206,8 @@ class GroupGRPOTrainer(GRPOTrainer):
             raise ValueError(f"{len(samples)} samples but {len(advantages)} advantages")
         dev = self.accelerator.device
         b = len(samples)
-        p_len = max(len(s.prompt_ids) for s in samples)
+        lead = prefix_len
+        p_len = lead + max(len(s.prompt_ids) - lead for s in samples)
         c_len = max(len(s.completion_ids) for s in samples)
         if c_len == 0:
             raise ValueError("every sample has an empty completion; nothing to train on")
@@ -207,8 +222,11 @@ class GroupGRPOTrainer(GRPOTrainer):
                 raise ValueError(
                     f"sample {s.traj_uid}/{s.turn}: {len(s.sampling_logprobs)} logprobs for {c} ids"
                 )
-            prompt_ids[r, p_len - p :] = torch.tensor(s.prompt_ids, dtype=torch.long)
-            prompt_mask[r, p_len - p :] = 1
+            prompt_ids[r, p_len - (p - lead) :] = torch.tensor(s.prompt_ids[lead:], dtype=torch.long)
+            prompt_mask[r, p_len - (p - lead) :] = 1
+            if lead:
+                prompt_ids[r, :lead] = torch.tensor(s.prompt_ids[:lead], dtype=torch.long)
+                prompt_mask[r, :lead] = 1
             if c:
                 comp_ids[r, :c] = torch.tensor(s.completion_ids, dtype=torch.long)
                 comp_mask[r, :c] = 0 if self._masked(s) else 1
@@ -272,9 +290,20 @@ class GroupGRPOTrainer(GRPOTrainer):
             inputs["advantages"] = adv * ratio
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
-        logps, ent, aux = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, *a, **kw
-        )
+        if self._prefix is not None and model is self.model:
+            logps, ent = prefix_logps(
+                model,
+                self._prefix,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                kw.get("compute_entropy", False),
+            )
+            aux = None
+        else:
+            logps, ent, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *a, **kw
+            )
         # With num_iterations == 1 the old policy equals the current weights, so the IS ratio comes from this
         # very forward (detached) and is folded into the advantages before _compute_loss reads them.
         ctx = self._is_ctx
@@ -323,7 +352,9 @@ class GroupGRPOTrainer(GRPOTrainer):
         Returns:
             Plain-float metrics: ``loss``, ``grad_norm`` (pre-clip, of the last optimizer step),
             ``grad_norm/<agent>``, ``learning_rate``, ``entropy``, ``clip_ratio/*``, ``kl`` (beta > 0),
-            IS statistics, ``num_tokens``, ``num_samples``.
+            IS statistics, ``num_tokens``, ``num_samples``, ``num_skipped_zero_advantage`` (samples left out of
+            the forward/backward because their advantage is 0 and the loss makes that exact; see
+            :meth:`_zero_advantage_is_free`).
 
         Raises:
             ValueError: on empty or malformed samples.
@@ -332,18 +363,33 @@ class GroupGRPOTrainer(GRPOTrainer):
         advantages = [float(a) for a in advantages]
         if not samples:
             raise ValueError("update needs at least one sample; skip groups that did not act instead")
+        all_samples = samples
+        all_agents = sorted({s.agent for s in samples})
+        n_all = len(samples)
+        total_tokens = sum(len(s.completion_ids) for s in samples if not self._masked(s))
+        if self._zero_advantage_is_free():
+            # A sample whose advantage is 0 adds exactly 0 to a token-normalised loss without KL or entropy
+            # terms, and the normaliser (total_tokens) already counts it: leaving it out of the forward and
+            # backward is exact and saves their cost. One sample is kept when all are 0, so the optimizer
+            # still steps (Adam's moments move on a zero gradient too).
+            keep = [i for i, a in enumerate(advantages) if a != 0.0] or [0]
+            samples = [samples[i] for i in keep]
+            advantages = [advantages[i] for i in keep]
         model = self.model
         model.train()
-        mbs = self._micro_batches(samples, advantages, by_agent=agent_grad_norms)
-        n_micro = len(mbs)
-        total_tokens = sum(len(s.completion_ids) for s in samples if not self._masked(s))
         use_is = bool(self.args.vllm_importance_sampling_correction)
         num_iterations = int(self.args.num_iterations)
         need_old = num_iterations > 1
+        use_prefix = self.share_prefix and num_iterations == 1 and self.beta == 0.0
+        shared = agent_prefix_lengths(samples) if use_prefix else {}
+        mbs = self._micro_batches(samples, advantages, by_agent=agent_grad_norms or bool(shared))
+        n_micro = len(mbs)
+        prefixes = self._shared_prefixes(samples, shared)
         # Build inputs once per micro-batch; old/ref logps are those of the policy before this update.
         prepared = []
         for agent, idx in mbs:
-            inp = self.build_inputs([samples[i] for i in idx], [advantages[i] for i in idx])
+            lead = prefixes[agent].length if agent in prefixes else 0
+            inp = self.build_inputs([samples[i] for i in idx], [advantages[i] for i in idx], prefix_len=lead)
             # DAPO-style losses divide by num_items_in_batch * GA / steps_per_generation (workaround 5); make
             # that the step's total completion tokens whatever the micro-batching.
             inp["num_items_in_batch"] = torch.tensor(
@@ -364,23 +410,33 @@ class GroupGRPOTrainer(GRPOTrainer):
         self.current_gradient_accumulation_steps = n_micro
         params = [p for p in model.parameters() if p.requires_grad]
         losses: list[float] = []
-        agent_norms: dict[str, float] = {}
+        # An agent whose samples were all left out (advantage 0) has a gradient of exactly 0.
+        agent_norms: dict[str, float] = dict.fromkeys(all_agents, 0.0) if agent_grad_norms else {}
         grad_norm = float("nan")
         for _ in range(num_iterations):
             acc: list[torch.Tensor | None] | None = None
             current = None
             for agent, inp0 in prepared:
                 inp = dict(inp0)
-                if agent_grad_norms and agent != current:
-                    acc = self._fold_agent_grad(params, acc, current, agent_norms)
+                if agent != current:
+                    if current in prefixes:  # the last agent's prefix gets its accumulated gradient
+                        prefixes[current].backward()
+                    if agent_grad_norms:
+                        acc = self._fold_agent_grad(params, acc, current, agent_norms)
                     current = agent
+                    self._prefix = prefixes.get(agent)
                 if use_is and not need_old:
                     self._is_ctx = inp
-                with self.compute_loss_context_manager():
-                    loss = self.compute_loss(model, inp)
-                self._is_ctx = None
+                try:
+                    with self.compute_loss_context_manager():
+                        loss = self.compute_loss(model, inp)
+                finally:
+                    self._is_ctx = None
                 self.accelerator.backward(loss)
                 losses.append(loss.detach().item())
+            self._prefix = None
+            if current in prefixes:
+                prefixes[current].backward()
             if agent_grad_norms:
                 acc = self._fold_agent_grad(params, acc, current, agent_norms)
                 for p, a in zip(params, acc, strict=True):
@@ -400,9 +456,10 @@ class GroupGRPOTrainer(GRPOTrainer):
             "loss": float(sum(losses) / max(num_iterations, 1)),
             "grad_norm": grad_norm,
             "learning_rate": float(self.lr_scheduler.get_last_lr()[0]),
-            "num_tokens": float(sum(len(s.completion_ids) for s in samples)),
-            "num_masked_truncated": float(sum(self._masked(s) for s in samples)),
-            "num_samples": float(len(samples)),
+            "num_tokens": float(sum(len(s.completion_ids) for s in all_samples)),
+            "num_masked_truncated": float(sum(self._masked(s) for s in all_samples)),
+            "num_samples": float(n_all),
+            "num_skipped_zero_advantage": float(n_all - len(samples)),
             "num_micro_batches": float(n_micro),
         }
         for a, v in agent_norms.items():
@@ -416,6 +473,25 @@ class GroupGRPOTrainer(GRPOTrainer):
             out[key] = float(np.mean(vals))
         self._is_stats.clear()
         return out
+
+    def _shared_prefixes(self, samples: Sequence[Sample], lengths: dict[str, int]) -> dict[str, SharedPrefix]:
+        """The agents' shared prefixes, run forward now; none, now and later, for a model whose cache cannot be
+        broadcast (the plain forward)."""
+        with self.compute_loss_context_manager():
+            out = build_prefixes(self.model, samples, lengths, self.accelerator.device)
+        if out is None:
+            self.share_prefix = False
+        return out or {}
+
+    def _zero_advantage_is_free(self) -> bool:
+        """Whether a zero-advantage sample adds exactly nothing to the gradient: a token-normalised ``loss_type``
+        (``dapo``, ``cispo``, ``vespo``; their normaliser counts all samples), ``beta == 0``, no entropy bonus.
+        The per-sequence losses (``grpo``, ``bnpo``, ``dr_grpo``) average over rows: a zero row changes them."""
+        return (
+            self.loss_type in ("dapo", "cispo", "vespo")
+            and self.beta == 0.0
+            and not getattr(self, "_entropy_bonus_enabled", False)
+        )
 
     @staticmethod
     def _fold_agent_grad(params, acc, agent, norms):

@@ -20,7 +20,7 @@ BENCH = ROOT / "benchmarks"
 # script -> the keys its --json line must hold (besides the raw numbers)
 EXPECTED = {
     "step.py": {"gen_roof_frac", "update_roof_frac", "peak_rss_gb", "step_s"},
-    "train_step.py": {"ratio_vs_trl", "ratio_agent_norms_vs_trl", "update_roof_frac"},
+    "train_step.py": {"ratio_vs_trl", "ratio_agent_norms_vs_trl", "ratio_shared_prefix", "update_roof_frac"},
     "rollout.py": {"speedup", "speedup_tokens_per_s"},
     "generate.py": {"tok_s", "roof_frac", "ratio_vs_generate", "roof_tok_s"},
     "retrieval.py": {"search_speedup", "same_ids", "p50_ms", "req_s"},

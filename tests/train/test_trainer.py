@@ -112,6 +112,100 @@ def test_micro_batching_gives_the_same_update_for_dapo(tiny_model_and_tokenizer,
         torch.testing.assert_close(g2[0][k], g1[0][k], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_zero_advantage_samples_are_skipped_exactly_for_dapo(tiny_model_and_tokenizer, tmp_path, monkeypatch):
+    samples = _samples()
+    adv = [1.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0]  # the verifier's three samples all 0
+    kw = dict(vllm_importance_sampling_correction=False, loss_type="dapo", micro_batch_size=2)
+    skip, full = (
+        _trainer(tiny_model_and_tokenizer, tmp_path, **kw),
+        _trainer(tiny_model_and_tokenizer, tmp_path, **kw),
+    )
+    monkeypatch.setattr(full, "_zero_advantage_is_free", lambda: False)
+    g_skip, g_full = _capture_grads(skip), _capture_grads(full)
+    m_skip = skip.update(samples, adv, agent_grad_norms=True)
+    m_full = full.update(samples, adv, agent_grad_norms=True)
+    assert m_skip["num_skipped_zero_advantage"] == 5 and m_full["num_skipped_zero_advantage"] == 0
+    assert m_skip["num_micro_batches"] == 1 and m_full["num_micro_batches"] == 4
+    assert (
+        m_skip["num_samples"] == m_full["num_samples"] == 7 and m_skip["num_tokens"] == m_full["num_tokens"]
+    )
+    assert m_skip["grad_norm/verifier"] == 0.0 and m_full["grad_norm/verifier"] < 1e-6
+    assert m_skip["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5) and m_skip["grad_norm"] > 0
+    for k in g_full[0]:
+        torch.testing.assert_close(g_skip[0][k], g_full[0][k], rtol=1e-5, atol=1e-7)
+    # all zero: one sample is kept so the optimizer still steps; the gradient is exactly 0
+    m0 = skip.update(samples, [0.0] * 7)
+    assert m0["num_skipped_zero_advantage"] == 6 and m0["grad_norm"] == 0.0 and skip.state.global_step == 2
+    # a per-sequence loss averages over rows, so a zero row changes it: nothing is skipped
+    grpo = _trainer(
+        tiny_model_and_tokenizer, tmp_path, vllm_importance_sampling_correction=False, loss_type="grpo"
+    )
+    assert grpo.update(samples, adv)["num_skipped_zero_advantage"] == 0
+    beta = _trainer(tiny_model_and_tokenizer, tmp_path, vllm_importance_sampling_correction=False, beta=0.1)
+    assert beta.update(samples, adv)["num_skipped_zero_advantage"] == 0
+
+
+def _prefixed_samples(seed=0):
+    """Solver and verifier samples whose prompts start with one 20-token (solver) / 24-token (verifier) prefix
+    each, as the few-shot prompts do; prompt and completion lengths vary."""
+    g = torch.Generator().manual_seed(seed)
+    heads = {
+        a: torch.randint(0, 5000, (n,), generator=g).tolist() for a, n in (("solver", 20), ("verifier", 24))
+    }
+    out = []
+    for i in range(7):
+        agent = "solver" if i < 4 else "verifier"
+        p = heads[agent] + torch.randint(0, 5000, (1 + i % 3 * 2,), generator=g).tolist()
+        c = torch.randint(0, 5000, (2 + i % 4,), generator=g).tolist()
+        out.append(
+            Sample(
+                f"t{i % 2}", f"r{i}", agent, "g", 0, p, c, [-12.0] * len(c), False, 1.0, True, 0, "stop", "x"
+            )
+        )
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, tmp_path, lora):
+    from mas_train.prefix import common_prefix_len
+
+    samples = _prefixed_samples()
+    assert common_prefix_len([s.prompt_ids for s in samples[:4]]) == 20
+    model, tok = tiny_model_and_tokenizer
+
+    def build(share):
+        policy = copy.deepcopy(model)
+        if lora:
+            from mas_train import lora as L
+            from mas_train.config import LoraConfig
+
+            torch.manual_seed(0)  # the same adapter initialisation in both
+            policy = L.wrap(policy, LoraConfig(r=4, alpha=8), "a")
+        args = grpo_args(str(tmp_path / "trl"), max_steps=10, learning_rate=1e-2, loss_type="dapo")
+        return GroupGRPOTrainer(policy, tok, args, micro_batch_size=2, share_prefix=share)
+
+    shared, plain = build(True), build(False)
+    inputs = plain.build_inputs(samples, ADV)
+    # on-policy sampling logprobs (the IS ratio is 1 but its path runs)
+    true = plain._frozen_logps(plain.model, inputs)
+    samples = [
+        Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
+        for i, s in enumerate(samples)
+    ]
+    g_shared, g_plain = _capture_grads(shared), _capture_grads(plain)
+    m_shared = shared.update(samples, ADV, agent_grad_norms=True)
+    m_plain = plain.update(samples, ADV, agent_grad_norms=True)
+    assert shared.share_prefix  # the tiny Qwen3's cache can be broadcast: the shared path really ran
+    assert g_shared[0].keys() == g_plain[0].keys() and g_plain[0]
+    for k in g_plain[0]:
+        torch.testing.assert_close(g_shared[0][k], g_plain[0][k], rtol=1e-4, atol=1e-6)
+    for key in ("grad_norm", "grad_norm/solver", "grad_norm/verifier", "loss", "entropy"):
+        assert m_shared[key] == pytest.approx(m_plain[key], rel=1e-4, abs=1e-6), key
+    assert m_shared["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+
+
 def test_importance_sampling_ratio_from_sampling_logprobs(tiny_model_and_tokenizer, tmp_path):
     tr = _trainer(tiny_model_and_tokenizer, tmp_path)  # TRL default: sequence_mask, clip max 3
     samples = _samples(2, 0)
