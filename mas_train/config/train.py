@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import time
@@ -30,6 +31,7 @@ from mas_train.config.common import (
     DEFAULT_TASKS_PER_STEP,
     DTYPES,
     GROUP_NAME_RE,
+    LAPTOP_DEFAULTS,
     POOLS,
     REPORT_TO,
     SHARING_MODES,
@@ -44,7 +46,31 @@ from mas_train.config.omega import build, load_yaml
 from mas_train.config.resolve import ResolvedConfig, backend_options, resolve
 from mas_train.config.sections import AgentConfig, EvalSamplingConfig, ModelGroupConfig, SamplingConfig
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "laptop_layer"]
+
+
+def laptop_layer(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``[LAPTOP_DEFAULTS[env]]`` (a copy) when ``layers`` name no ``train_data``/``eval_data`` and no model other
+    than ``DEFAULT_MODEL`` (top level, ``model_groups.*.model``, ``agents.*.model``) and the env has a laptop
+    setting; else ``[]``. The result goes under the user's layers, so any field they set wins."""
+
+    def given(key: str) -> list[Any]:
+        return [d[key] for d in layers if d.get(key) is not None]
+
+    if given("train_data") or given("eval_data"):
+        return []
+    models = given("model")
+    for section in ("agents", "model_groups"):
+        for sub in given(section):
+            for entry in sub.values():
+                m = getattr(entry, "model", None) if not isinstance(entry, Mapping) else entry.get("model")
+                if m is not None:
+                    models.append(m)
+    if any(m != DEFAULT_MODEL for m in models):
+        return []
+    env = (given("env") or [DEFAULT_ENV])[-1]
+    preset = LAPTOP_DEFAULTS.get(env)
+    return [copy.deepcopy(preset)] if preset else []
 
 
 @dataclass
@@ -278,6 +304,7 @@ class TrainConfig:
                     raise ConfigError(
                         f"{key} must be a mapping name -> settings, got {type(data[key]).__name__}"
                     )
+        layers = [*laptop_layer(layers), *layers]
         # keys of an agent's sampling that some layer sets; the others are taken from the top-level sampling
         given: dict[str, set[str]] = {}
         for data in layers:

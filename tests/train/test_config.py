@@ -22,6 +22,18 @@ from mas_train.config import (
 )
 
 AGENTS = ["solver", "verifier"]
+
+
+@pytest.fixture(autouse=True)
+def _no_laptop_setting(request, monkeypatch):
+    """These tests are about the config's own semantics: parse_args without the default run's laptop layer
+    (the test named ..._laptop_setting_... checks that layer)."""
+    if "laptop_setting" not in request.node.name:
+        import mas_train.config.train as train_config
+
+        monkeypatch.setattr(train_config, "LAPTOP_DEFAULTS", {})
+
+
 SEARCH_AGENTS = ["verifier", "search", "answer"]
 
 
@@ -94,6 +106,7 @@ def test_grpo_config_kwargs_build_a_trl_grpo_config(tmp_path):
     trl = pytest.importorskip("trl")
     cfg = parse_args(
         ["--grpo.loss_type", "grpo", "--grpo.epsilon_high", "0.28", "--grpo.num_iterations", "2"]
+        + ["--model_sharing", "shared", "--learning_rate", "2e-5"]
     )
     kwargs = cfg.resolve(AGENTS).model_groups["shared"].grpo_config_kwargs()
     args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **kwargs)
@@ -101,7 +114,7 @@ def test_grpo_config_kwargs_build_a_trl_grpo_config(tmp_path):
         "grpo",
         0.28,
         2,
-        1e-5,
+        2e-5,
     )
 
 
@@ -315,7 +328,10 @@ def test_cli_flags_override_yaml(tmp_path):
     assert cfg.num_generations == 8  # from YAML
     assert cfg.max_steps == 3  # CLI wins
     assert cfg.sampling.temperature == 0.8
-    assert cfg.agents["verifier"].sampling == SamplingConfig(temperature=0.7, top_p=0.9)
+    # keys the agent does not set come from the top-level sampling (here the laptop setting's 32 tokens)
+    assert cfg.agents["verifier"].sampling == SamplingConfig(
+        temperature=0.7, top_p=0.9, max_new_tokens=cfg.sampling.max_new_tokens
+    )
     assert cfg.grpo == {"loss_type": "bnpo", "beta": 0.04}
 
 
@@ -590,6 +606,42 @@ def _fake_checkpoint(run_dir, cfg, step=2):
     return ckpt
 
 
+def test_plain_run_of_math_2agent_gets_the_laptop_setting_and_any_task_or_model_choice_leaves_it():
+    from mas_train.config import LAPTOP_DEFAULTS
+
+    lap = LAPTOP_DEFAULTS["math-2agent"]
+    plain = parse_args([])
+    assert (
+        plain.env == "math-2agent"
+        and plain.train_data == lap["train_data"] == parse_args(["--env", "math-2agent"]).train_data
+    )
+    assert (plain.eval_data, plain.env_kwargs) == (lap["eval_data"], {"prompt_style": "fewshot"})
+    assert plain.num_generations == lap["num_generations"] and plain.sampling.max_new_tokens == 32
+    assert (
+        plain.sampling.temperature == TrainConfig().sampling.temperature
+    )  # the preset's sampling is partial
+    # a field the user sets wins; env_kwargs merge key by key
+    mine = parse_args(["--max_steps", "3", "--env_kwargs", "max_loops=3"])
+    assert mine.max_steps == 3 and mine.env_kwargs == {"prompt_style": "fewshot", "max_loops": 3}
+    assert mine.train_data == lap["train_data"]
+    assert parse_args(["--env_kwargs", "prompt_style=paper"]).env_kwargs == {"prompt_style": "paper"}
+    # naming tasks or another model: the paper setting (env's own data and prompts) and the plain defaults
+    for argv in (
+        ["--train_data", "gsm8k-train"],
+        ["--eval_data", "gsm8k-test"],
+        ["--model", "tiny-qwen3"],
+        ["--agents.verifier.model", "tiny-qwen3"],
+        ["--env", "search-3agent"],
+    ):
+        c = parse_args(argv)
+        assert c.env_kwargs == {} and c.num_generations == TrainConfig().num_generations, argv
+        assert c.sampling.max_new_tokens == TrainConfig().sampling.max_new_tokens, argv
+    assert parse_args(["--train_data", "gsm8k-train"]).eval_data is None
+    assert (
+        parse_args(["--model", "smollm2-135m-instruct"]).train_data == lap["train_data"]
+    )  # the default model
+
+
 def test_resume_takes_the_runs_saved_config_as_base(tmp_path):
     saved = TrainConfig(
         env="math-1agent", max_steps=4, learning_rate=3e-6, output_dir=str(tmp_path), run_name="r1"
@@ -618,9 +670,9 @@ def test_explicit_overrides_and_config_diff():
         "agents.verifier.sampling.temperature",
         "env_kwargs.max_loops",
     }
-    a, b = TrainConfig(), parse_args([*argv, "--learning_rate", "3e-6"])
+    a, b = parse_args([]), parse_args([*argv, "--learning_rate", "3e-6"])
     diff = config_diff(a, b)
-    assert diff["max_steps"] == (6, 3) and diff["learning_rate"] == (1e-5, 3e-6)
+    assert diff["max_steps"] == (a.max_steps, 3) and diff["learning_rate"] == (a.learning_rate, 3e-6)
     assert diff["env_kwargs.max_loops"] == (None, 3)
     assert diff["agents.verifier.sampling.temperature"] == (None, 0.6)
     # the new agent section brings its other (default) values along; nothing else differs
@@ -630,7 +682,7 @@ def test_explicit_overrides_and_config_diff():
         "learning_rate",
         "env_kwargs.max_loops",
     }
-    assert config_diff(a, TrainConfig()) == {}
+    assert config_diff(a, parse_args([])) == {}
 
 
 # ---------------------------------------------------------------------------------------------- mas-eval
