@@ -96,6 +96,19 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunMetrics:
     return run
 
 
+#: Window of the trailing mean drawn over the per-step training curves (reward, env metrics).
+SMOOTH_STEPS = 5
+
+
+def trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    """``out[i]`` = mean of ``values[max(0, i - window + 1) : i + 1]`` (the first points average what there is)."""
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
 def _plt():
     import matplotlib
 
@@ -131,8 +144,13 @@ def _panels_figure(
     *,
     marker: str = "",
     hline: float | None = None,
+    smooth: int = 0,
 ) -> Path | None:
-    """One figure, one panel per ``(panel title, metric key, y label)``; a line per run. None if no data."""
+    """One figure, one panel per ``(panel title, metric key, y label)``; a line per run. None if no data.
+
+    ``smooth`` W > 1: a run with more than W points is drawn thin (per step) with a thick line over it, the
+    trailing mean of the last W steps (a step of a few tasks is noisy: its reward swings with their difficulty).
+    """
     panels = [p for p in panels if any(r.get(p[1])[0] for r in runs)]
     if not panels:
         return None
@@ -143,18 +161,17 @@ def _panels_figure(
         nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows + 0.5), squeeze=False, constrained_layout=True
     )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    smoothed = False
     for ax, (ptitle, key, ylabel) in zip(axes.flat, panels, strict=False):
         for j, run in enumerate(runs):
             steps, values = run.get(key)
-            if steps:
-                ax.plot(
-                    steps,
-                    values,
-                    marker=marker or None,
-                    ls="-",
-                    color=colors[j % len(colors)],
-                    label=run.label,
-                )
+            color = colors[j % len(colors)]
+            if steps and smooth > 1 and len(steps) > smooth:
+                ax.plot(steps, values, ls="-", lw=0.8, alpha=0.45, color=color)
+                ax.plot(steps, trailing_mean(values, smooth), ls="-", lw=2.2, color=color, label=run.label)
+                smoothed = True
+            elif steps:
+                ax.plot(steps, values, marker=marker or None, ls="-", color=color, label=run.label)
         style_axes(ax, ptitle, ylabel, hline=hline)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
@@ -166,7 +183,7 @@ def _panels_figure(
                     handles.append(h)
                     labels.append(lab)
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(f"{title}\nthin: each step; thick: mean of the last {smooth} steps" if smoothed else title)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -234,6 +251,7 @@ def plot_runs(
             ],
             "Training rollouts",
             out / "reward.png",
+            smooth=SMOOTH_STEPS,
         ),
         _eval_figure(runs, out / "eval.png"),
         _panels_figure(
@@ -256,6 +274,7 @@ def plot_runs(
             [(n, f"env/{n}", "episode mean") for n in _agents(runs, "env/")],
             "Environment metrics (mean over episodes)",
             out / "env.png",
+            smooth=SMOOTH_STEPS,
         ),
         _panels_figure(
             runs,

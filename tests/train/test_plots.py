@@ -7,7 +7,7 @@ import json
 import pytest
 from _fake_runs import write_fake_run
 
-from mas_train.plots import load_run, main, plot_run, plot_runs
+from mas_train.plots import load_run, main, plot_run, plot_runs, trailing_mean
 
 ALL = ["reward.png", "eval.png", "invalid_rate.png", "grad_norm.png", "env.png", "lemma_factor.png"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -58,3 +58,10 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(a), str(b)])  # several runs need --out
     assert "need --out" in capsys.readouterr().err
+
+
+def test_trailing_mean_and_a_long_run_draws_it(tmp_path):
+    assert trailing_mean([1.0, 0.0, 2.0, 4.0], 2) == [1.0, 0.5, 1.0, 3.0]
+    assert trailing_mean([3.0], 5) == [3.0] and trailing_mean([], 5) == []
+    paths = plot_run(write_fake_run(tmp_path / "r", steps=12))  # > SMOOTH_STEPS points: the smoothed path
+    assert paths[0].name == "reward.png" and paths[0].read_bytes().startswith(PNG_MAGIC)
