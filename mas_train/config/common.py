@@ -70,8 +70,10 @@ LAPTOP_DEFAULTS: dict[str, dict[str, Any]] = {
         "env_kwargs": {"prompt_style": "fewshot"},
         "train_data": _ONE_DIGIT + "&size=1000&seed=1",
         "eval_data": _ONE_DIGIT + "&size=50&seed=1001",
-        # one LoRA adapter per agent on one shared base model, at LoRA's usual 10x the full-fine-tuning rate
+        # one LoRA adapter per agent on one shared base model, at LoRA's usual 10x the full-fine-tuning rate;
+        # `lora` makes every trainable group an adapter, so `--model_sharing per_agent` or `shared` keep the rate
         "model_sharing": "shared_lora",
+        "lora": {"r": 16, "alpha": 32},
         "learning_rate": 1e-4,
         "num_generations": 8,
         "tasks_per_step": 2,

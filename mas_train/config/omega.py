@@ -225,9 +225,13 @@ def build_argparser(
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        tp, _ = unwrap_optional(hints[f.name])
+        tp, optional = unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(tp):
             group = parser.add_argument_group(f"{f.name} ({f.metadata['help']})")
+            if optional:  # an optional section can be switched off as a whole
+                group.add_argument(
+                    f"--{f.name}", dest=f.name, metavar="none", help=f"'none' switches {f.name} off"
+                )
             for sf in dataclasses.fields(tp):
                 group.add_argument(
                     f"--{f.name}.{sf.name}", dest=f"{f.name}.{sf.name}", metavar="V", help=sf.metadata["help"]
@@ -267,6 +271,11 @@ def cli_overrides(
 
     def add(path: tuple[str, ...], text: Any, flag: str) -> None:
         tp = field_type(cls, path)
+        if dataclasses.is_dataclass(unwrap_optional(tp)[0]):  # --section none (build_argparser)
+            if str(text).strip().lower() not in ("none", "null"):
+                raise ConfigError(f"{flag} takes only 'none' (off); set its fields with {flag}.<name> VALUE")
+            pairs.append((path, None))
+            return
         value = read_value(text, tp, flag)
         base, _ = unwrap_optional(tp)
         if isinstance(value, dict) and typing.get_origin(base) is dict and value:

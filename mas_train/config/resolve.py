@@ -183,6 +183,16 @@ def _agreed(g: str, members: tuple[str, ...], field: str, values: dict[str, Any]
     return next(iter(values.values()))
 
 
+def _group_lora(cfg: Any, gcfg: Any, trainable: bool, shared_lora: bool) -> LoraConfig | None:
+    """A group's adapter: its own ``lora``, else the top-level one (trainable groups), else the default adapter
+    under ``shared_lora``, else None (full fine-tuning)."""
+    if gcfg.lora is not None:
+        return gcfg.lora
+    if cfg.lora is not None and trainable:
+        return cfg.lora
+    return LoraConfig() if shared_lora else None
+
+
 def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
     """See ``TrainConfig.resolve``."""
     if not agent_names:
@@ -265,7 +275,7 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             num_gpus=gcfg.num_gpus,
             micro_batch_size=gcfg.micro_batch_size or cfg.micro_batch_size,
             trainable=trainable,
-            lora=gcfg.lora if gcfg.lora is not None else (LoraConfig() if shared_lora else None),
+            lora=_group_lora(cfg, gcfg, trainable, shared_lora),
             base_group=groups_in_order[0] if shared_lora else None,
             **optim,
         )

@@ -44,7 +44,13 @@ from mas_train.config.common import help_field as _help
 from mas_train.config.grpo import check_grpo
 from mas_train.config.omega import build, load_yaml
 from mas_train.config.resolve import ResolvedConfig, backend_options, resolve
-from mas_train.config.sections import AgentConfig, EvalSamplingConfig, ModelGroupConfig, SamplingConfig
+from mas_train.config.sections import (
+    AgentConfig,
+    EvalSamplingConfig,
+    LoraConfig,
+    ModelGroupConfig,
+    SamplingConfig,
+)
 
 __all__ = ["TrainConfig", "laptop_layer"]
 
@@ -112,6 +118,11 @@ class TrainConfig:
     )
     trainable: bool = _help(
         "Default of model_groups.<g>.trainable / agents.<a>.trainable (false: sample only).", default=True
+    )
+    lora: LoraConfig | None = _help(
+        "Default of model_groups.<g>.lora for every trainable group: train a LoRA adapter (r, alpha, dropout, "
+        "target_modules) instead of all weights. None = full fine-tuning (shared_lora: a default adapter).",
+        default=None,
     )
     backend: str = _help(
         f"Default generation backend of every model group, one of {list(BACKENDS)}.", default="hf"

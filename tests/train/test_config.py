@@ -537,6 +537,21 @@ def test_lora_and_shared_lora():
         TrainConfig.from_dict({"model_groups": {"a": {"lora": {"dropout": 1.0}}}})
 
 
+def test_top_level_lora_is_every_trainable_groups_default_and_can_be_switched_off():
+    from mas_train.config import LoraConfig
+
+    r = parse_args(["--model_sharing", "per_agent", "--lora.r", "4", "--model_groups.verifier.lora.r", "8"])
+    groups = r.resolve(AGENTS).model_groups
+    assert (groups["solver"].lora, groups["verifier"].lora) == (LoraConfig(r=4), LoraConfig(r=8))
+    frozen = parse_args(
+        ["--model_sharing", "per_agent", "--lora.r", "4", "--agents.verifier.trainable", "false"]
+    )
+    assert frozen.resolve(AGENTS).model_groups["verifier"].lora is None  # a frozen group trains no adapter
+    assert parse_args(["--lora", "none"]).lora is None
+    with pytest.raises(ConfigError, match=r"--lora takes only 'none' \(off\)"):
+        parse_args(["--lora", "yes"])
+
+
 def test_checkpoint_and_eval_cadence_fields():
     cfg = TrainConfig()
     assert (cfg.save_total_limit, cfg.eval_before_training) == (2, True)
@@ -625,6 +640,17 @@ def test_plain_run_of_math_2agent_gets_the_laptop_setting_and_any_task_or_model_
     assert mine.max_steps == 3 and mine.env_kwargs == {"prompt_style": "fewshot", "max_loops": 3}
     assert mine.train_data == lap["train_data"]
     assert parse_args(["--env_kwargs", "prompt_style=paper"]).env_kwargs == {"prompt_style": "paper"}
+    # the learning rate is a LoRA one, so every sharing mode keeps adapters; --lora none is full fine-tuning
+    for sharing in ("per_agent", "shared"):
+        groups = parse_args(["--model_sharing", sharing]).resolve(AGENTS).model_groups
+        assert all(g.lora is not None and g.learning_rate == lap["learning_rate"] for g in groups.values())
+    assert (
+        parse_args(["--model_sharing", "shared", "--lora", "none"])
+        .resolve(AGENTS)
+        .model_groups["shared"]
+        .lora
+        is None
+    )
     # naming tasks or another model: the paper setting (env's own data and prompts) and the plain defaults
     for argv in (
         ["--train_data", "gsm8k-train"],
