@@ -339,6 +339,7 @@ def train(
     from tqdm.auto import tqdm
 
     from mas_train.checkpoint import list_checkpoints, load_trainer_state
+    from mas_train.config import LAPTOP_DEFAULTS
     from mas_train.progress import print_summary
     from mas_train.startup import prepare, record_config
     from mas_train.tracking import RunLogger
@@ -378,12 +379,26 @@ def train(
     agents = list(resolved.agents)
     print(f"mas-train: env {cfg.env} | agents {', '.join(agents)} | run {run_dir}", file=out)
     for g in resolved.model_groups.values():
-        print(f"  model group {g.name!r}: {g.model} ({g.backend}) trains {', '.join(g.agents)}", file=out)
+        how = "LoRA adapter" if g.lora else "all weights"
+        what = (
+            f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
+        )
+        print(f"  model group {g.name!r}: {g.model} ({g.backend}) {what}", file=out)
     print(
         f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
-        f"advantage_mode={cfg.advantage_mode}",
+        f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",
         file=out,
     )
+    print(
+        f"  tasks: {cfg.train_data or 'the env default'}; eval: {cfg.eval_data or 'the env default'}",
+        file=out,
+    )
+    if cfg.train_data is not None and cfg.train_data == LAPTOP_DEFAULTS.get(cfg.env, {}).get("train_data"):
+        print(
+            "  (the laptop setting of a plain run: mas_train/config/common.py LAPTOP_DEFAULTS; name tasks, e.g. "
+            "--train_data gsm8k-train, or a model for the paper's prompts and data)",
+            file=out,
+        )
     for k, (old, new) in plan.changes.items():
         print(f"  resumed with {k} changed: {old!r} -> {new!r}", file=out)
     for w in plan.warnings:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -125,10 +126,15 @@ class ModelGroupWorker:
             from mas_train import lora
 
             self.adapter = group
-            if shared_model is None:
-                model = lora.wrap(model, self.lora, group)
-            else:
-                lora.add(model, self.lora, group)
+            # PEFT draws the adapter's A matrices from torch's global RNG, which nothing has seeded yet for the
+            # first group (TRL seeds it in the trainer it builds): seed it from the run seed and the group name,
+            # so a run's initial adapters are the same in every process and differ between groups.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed * 7919 + zlib.crc32(group.encode()))
+                if shared_model is None:
+                    model = lora.wrap(model, self.lora, group)
+                else:
+                    lora.add(model, self.lora, group)
             self.peft_model = model
             # the optimizer TRL builds holds exactly the parameters with requires_grad: this adapter's
             lora.activate(model, group, trainable=self.trains)

@@ -311,3 +311,21 @@ def test_lora_kl_reference_is_the_base_with_the_adapter_disabled(tmp_path, tiny_
         assert m2["losses/kl/shared"] > 0
     finally:
         tr.close()
+
+
+def test_initial_adapters_depend_on_the_run_seed_and_group_not_on_the_global_rng(tmp_path, tiny_qwen3_path):
+    def adapters(name, seed, consume):
+        torch.rand(consume)  # whatever ran before in the process must not change the initial adapters
+        tr = _trainer(tmp_path, tiny_qwen3_path, run_name=name, seed=seed, **SHARED)
+        params = _split(_snapshot(tr.pool.worker("solver").peft_model), ["solver", "verifier"])
+        return params["solver"], params["verifier"]
+
+    s1, v1 = adapters("a", 0, 3)
+    s2, v2 = adapters("b", 0, 17)
+    s3, _ = adapters("c", 1, 3)
+    assert s1 and all(torch.equal(s1[n], s2[n]) for n in s1) and all(torch.equal(v1[n], v2[n]) for n in v1)
+    a_solver = [n for n in s1 if "lora_A" in n]
+    assert a_solver and not all(torch.equal(s1[n], s3[n]) for n in a_solver)  # another seed, another init
+    # the two groups' A matrices differ (same shapes where the ranks agree would otherwise be equal draws)
+    first_a_v = next(v for n, v in v1.items() if "lora_A" in n)
+    assert not torch.equal(s1[a_solver[0]][: first_a_v.shape[0]], first_a_v)
