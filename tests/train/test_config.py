@@ -28,7 +28,7 @@ AGENTS = ["solver", "verifier"]
 def _no_laptop_setting(request, monkeypatch):
     """These tests are about the config's own semantics: parse_args without the default run's laptop layer
     (the test named ..._laptop_setting_... checks that layer)."""
-    if "laptop_setting" not in request.node.name:
+    if "laptop_setting" not in request.node.name and "example_config" not in request.node.name:
         import mas_train.config.train as train_config
 
         monkeypatch.setattr(train_config, "LAPTOP_DEFAULTS", {})
@@ -599,6 +599,11 @@ def test_every_example_config_parses():
         configs = {p.name: TrainConfig.from_yaml(p) for p in paths}
     assert configs["gpu_single.yaml"].model_groups["shared"].backend_options["gpu_ids"] == [0]
     assert configs["math_2agent_cpu.yaml"].grpo == {"loss_type": "dapo", "epsilon": 0.2, "beta": 0.0}
+    # the default run written out is the default run (its grpo section only restates TRL's defaults)
+    diff = config_diff(parse_args([]), configs["math_2agent_cpu.yaml"])
+    assert diff == {"grpo.loss_type": (None, "dapo"), "grpo.epsilon": (None, 0.2), "grpo.beta": (None, 0.0)}
+    groups = configs["math_2agent_non_shared.yaml"].resolve(AGENTS).model_groups
+    assert (groups["solver"].lora.r, groups["verifier"].lora.r) == (16, 8)  # the laptop lora, and its own
 
 
 def test_cli_strings_stay_strings_and_errors_are_one_config_error():
