@@ -3,7 +3,9 @@
 ``mas-train --env math-2agent`` trains with the embedded CPU defaults (``mas_train.config``);
 ``mas-train --help`` lists every setting. The run itself is :func:`mas_train.trainer.train`.
 ``mas-eval`` scores a checkpoint, a run's initial weights (``--initial``) or any model with avg@k / pass@k per
-data source, on the same evaluation path as training (:mod:`mas_train.eval`).
+data source, on the same evaluation path as training (:mod:`mas_train.eval`); ``--model_groups.<group>.*`` /
+``--agents.<agent>.model`` give single groups another source over the run's (e.g. the verifier on an
+OpenAI-compatible endpoint while the solver samples with its trained weights: ``EvalConfig.apply_sources``).
 
 A user mistake (a bad flag, a missing file, an env argument the env does not take, a setting a resumed run
 cannot change) ends the command with one ``error:`` line and exit code 2; ``--debug`` shows the traceback too.
@@ -133,11 +135,38 @@ def _eval_config(ev):
     return cfg, (None if ev.initial else ckpt), ckpt
 
 
+def _source(group, fresh: bool, weights) -> str:
+    """Where a model group's turns come from in this evaluation, for the start-up lines."""
+    opts = group.backend_options
+    if group.backend == "openai":
+        return f"openai endpoint {opts.base_url} (model {opts.model})"
+    if group.backend == "sglang_http" and opts.url:
+        return f"sglang server {opts.url}"
+    if fresh or weights is None:
+        return f"{group.model} (its own weights, backend {group.backend})"
+    return f"the checkpoint's weights (backend {group.backend})"
+
+
+def _check_api_keys(resolved) -> None:
+    """An ``openai`` group whose API key variable is unset is a user mistake: say so before any model loads."""
+    from mas_train.config import ConfigError
+
+    for g, rg in resolved.model_groups.items():
+        env_var = getattr(rg.backend_options, "api_key_env", None) if rg.backend == "openai" else None
+        if env_var and not os.environ.get(env_var):
+            raise ConfigError(
+                f"model_groups.{g}: environment variable {env_var!r} (backend_options.api_key_env) is unset or "
+                f"empty; export the API key there, or pass --model_groups.{g}.backend_options.api_key_env null "
+                "for a server without authentication"
+            )
+
+
 def run_eval(ev, out=None) -> dict[str, float]:
     """The body of ``mas-eval`` for an :class:`~mas_train.config.EvalConfig`: returns the metrics it printed.
 
     Raises:
-        ConfigError: bad arguments or settings (before any model is loaded).
+        ConfigError: bad arguments or settings, an override that cannot be honoured (a model group the run does
+            not have, an unset API key variable of an ``openai`` group), all before any model is loaded.
         FileNotFoundError: the checkpoint or data file does not exist.
     """
     from tqdm.auto import tqdm
@@ -152,7 +181,8 @@ def run_eval(ev, out=None) -> dict[str, float]:
     cfg, weights, ckpt = _eval_config(ev)
     factory = make_env_factory(cfg)
     probe = probe_env(cfg, factory)
-    resolved = cfg.resolve(list(probe.possible_agents))
+    cfg, resolved, fresh = ev.apply_sources(cfg, list(probe.possible_agents))
+    _check_api_keys(resolved)
     if weights is not None:
         saved = sorted(p.name for p in (weights / "groups").iterdir() if p.is_dir())
         if saved != sorted(resolved.model_groups):
@@ -174,12 +204,17 @@ def run_eval(ev, out=None) -> dict[str, float]:
         f"mas-eval: {label} on {len(tasks)} tasks of {cfg.eval_data or 'the env eval set'}, k={ev.k}",
         file=out,
     )
+    if ev.model_groups or ev.agents:
+        for g, rg in resolved.model_groups.items():
+            print(f"  {g} ({', '.join(rg.agents)}): {_source(rg, g in fresh, weights)}", file=out)
     _quiet_libraries()
     pool = LocalPool(resolved, train=False).start()
     try:
         if weights is not None:
             for g in resolved.model_groups:
-                pool.worker(g).load_weights(str(weights / "groups" / g))
+                # a group the overrides gave a source (a model, an endpoint) samples from that, not the checkpoint
+                if g not in fresh:
+                    pool.worker(g).load_weights(str(weights / "groups" / g))
         collector = RolloutCollector(
             factory,
             {g: pool.worker(g) for g in resolved.model_groups},

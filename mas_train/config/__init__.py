@@ -67,7 +67,13 @@ from mas_train.config.common import (
     SHARING_MODES,
     ConfigError,
 )
-from mas_train.config.eval_config import EvalConfig, build_eval_parser, parse_eval_args
+from mas_train.config.eval_config import (
+    EvalAgentConfig,
+    EvalConfig,
+    EvalGroupConfig,
+    build_eval_parser,
+    parse_eval_args,
+)
 from mas_train.config.grpo import GRPO_HONOURED
 from mas_train.config.resolve import ResolvedAgent, ResolvedConfig, ResolvedModelGroup
 from mas_train.config.sections import (
@@ -109,7 +115,9 @@ __all__ = [
     "SHARING_MODES",
     "AgentConfig",
     "ConfigError",
+    "EvalAgentConfig",
     "EvalConfig",
+    "EvalGroupConfig",
     "LoraConfig",
     "ModelGroupConfig",
     "ResolvedAgent",
