@@ -77,11 +77,11 @@ LAPTOP_DEFAULTS: dict[str, dict[str, Any]] = {
         "learning_rate": 1e-4,
         "num_generations": 8,
         "tasks_per_step": 2,
-        "max_steps": 10,
+        "max_steps": 14,
         "sampling": {"max_new_tokens": 32},
-        "eval_steps": 10,
+        "eval_steps": 14,
         "eval_num_tasks": 50,
-        "save_steps": 5,
+        "save_steps": 7,
     },
 }
 LAPTOP_DEFAULTS["math-1agent"] = {**LAPTOP_DEFAULTS["math-2agent"]}
