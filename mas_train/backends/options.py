@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HFOptions", "OpenAIOptions", "SGLangEngineOptions", "SGLangHTTPOptions"]
+__all__ = ["SGLANG_LORA_ARGS", "HFOptions", "OpenAIOptions", "SGLangEngineOptions", "SGLangHTTPOptions"]
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -54,6 +54,23 @@ class HFOptions:
             raise ValueError("share_model samples with the model as it is: drop device and dtype")
 
 
+#: The LoRA fields of the SGLang options, under SGLang's own ``ServerArgs`` names.
+SGLANG_LORA_ARGS = ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch")
+# SGLang server arguments the typed LoRA options own (lora_paths: the weight sync loads the group's adapter)
+_LORA_PASSTHROUGH = (*SGLANG_LORA_ARGS, "lora_paths")
+
+
+def _check_no_lora_passthrough(keys: Any, what: str) -> None:
+    flags = {f"--{k.replace('_', '-')}": k for k in _LORA_PASSTHROUGH}
+    for key in keys:
+        name = flags.get(str(key).split("=", 1)[0], key)
+        if name in _LORA_PASSTHROUGH:
+            typed = "the group's lora section" if name == "lora_paths" else f"backend_options.{name}"
+            raise ValueError(
+                f"{what} sets {key!r}: use {typed} instead (its value is checked against the lora)"
+            )
+
+
 def _check_gpus(gpu_ids: list[int] | None, tp_size: int | None, mem: float | None) -> None:
     if tp_size is not None and tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
@@ -80,6 +97,84 @@ class _SGLangCommon:
         "Release weights and KV cache while the trainer steps (colocated; needs torch_memory_saver).",
         default=False,
     )
+
+    enable_lora: bool | None = _help(
+        "Serve the model group's LoRA adapter (SGLang --enable-lora): each request names the adapter and the "
+        "weight sync (re)loads only the adapter. None = on exactly when the group has a lora section.",
+        default=None,
+    )
+    max_lora_rank: int | None = _help(
+        "SGLang --max-lora-rank: the largest adapter rank its LoRA memory pool holds. None = the group's lora.r.",
+        default=None,
+    )
+    lora_target_modules: list[str] | None = _help(
+        "SGLang --lora-target-modules: modules its LoRA pool covers (['all'] = every one it supports). None = "
+        "the group's lora.target_modules.",
+        default=None,
+    )
+    max_loras_per_batch: int | None = _help(
+        "SGLang --max-loras-per-batch: adapters one batch may mix. None = SGLang's default (8).", default=None
+    )
+
+    def _check_lora_fields(self) -> None:
+        for name in ("max_lora_rank", "max_loras_per_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.lora_target_modules is not None and not self.lora_target_modules:
+            raise ValueError("lora_target_modules must name at least one module (or ['all']), or be None")
+
+    def lora_server_args(self, lora: Any, group: str = "<group>") -> dict[str, Any]:
+        """The SGLang ``ServerArgs`` LoRA fields a model group with LoRA config ``lora`` is served with.
+
+        Args:
+            lora: the group's :class:`mas_train.config.LoraConfig` (``r``, ``target_modules``), or ``None`` for
+                a full fine-tune.
+            group: the group's name, for the messages.
+
+        Returns:
+            ``{}`` for a group without a ``lora`` section; else ``enable_lora=True``, ``max_lora_rank``,
+            ``lora_target_modules`` and, when set, ``max_loras_per_batch`` (SGLang's field names,
+            ``srt/server_args.py``).
+
+        Raises:
+            ValueError (one line): ``enable_lora: false`` for a group with a ``lora`` section, LoRA options on a
+                group without one, ``max_lora_rank`` below ``lora.r``, or ``lora_target_modules`` missing one of
+                the group's ``lora.target_modules``.
+        """
+        if lora is None:
+            set_ = [f for f in SGLANG_LORA_ARGS if getattr(self, f) not in (None, False)]
+            if set_:
+                raise ValueError(
+                    f"model group {group!r} has no lora section, so its SGLang backend serves no adapter: drop "
+                    f"backend_options {set_} or give the group a lora section"
+                )
+            return {}
+        if self.enable_lora is False:
+            raise ValueError(
+                f"model group {group!r} trains a LoRA adapter, which SGLang serves only with LoRA enabled: drop "
+                "backend_options.enable_lora: false (or the group's lora section)"
+            )
+        rank = self.max_lora_rank if self.max_lora_rank is not None else int(lora.r)
+        if rank < int(lora.r):
+            raise ValueError(
+                f"model group {group!r}: backend_options.max_lora_rank={rank} is below its lora.r={lora.r}; SGLang "
+                "would refuse to load the adapter. Raise max_lora_rank to >= lora.r (or leave it unset)"
+            )
+        targets = list(lora.target_modules)
+        if self.lora_target_modules is not None:
+            missing = [t for t in targets if t not in self.lora_target_modules]
+            if missing and "all" not in self.lora_target_modules:
+                raise ValueError(
+                    f"model group {group!r}: backend_options.lora_target_modules {self.lora_target_modules} lack "
+                    f"{missing} of its lora.target_modules; SGLang would refuse the adapter. Add them (or leave "
+                    "lora_target_modules unset)"
+                )
+            targets = list(self.lora_target_modules)
+        args: dict[str, Any] = {"enable_lora": True, "max_lora_rank": rank, "lora_target_modules": targets}
+        if self.max_loras_per_batch is not None:
+            args["max_loras_per_batch"] = int(self.max_loras_per_batch)
+        return args
 
     @property
     def resolved_tp_size(self) -> int:
@@ -110,6 +205,8 @@ class SGLangEngineOptions(_SGLangCommon):
 
     def __post_init__(self) -> None:
         _check_gpus(self.gpu_ids, self.tp_size, self.mem_fraction_static)
+        self._check_lora_fields()
+        _check_no_lora_passthrough(self.engine_kwargs, "engine_kwargs")
         if self.weight_sync not in ("auto", "tensor", "disk"):
             raise ValueError(f"weight_sync must be 'auto', 'tensor' or 'disk', got {self.weight_sync!r}")
         if self.bucket_bytes < 1:
@@ -142,6 +239,8 @@ class SGLangHTTPOptions(_SGLangCommon):
 
     def __post_init__(self) -> None:
         _check_gpus(self.gpu_ids, self.tp_size, self.mem_fraction_static)
+        self._check_lora_fields()
+        _check_no_lora_passthrough(self.extra_args, "extra_args")
         if self.timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.startup_timeout is not None and self.startup_timeout <= 0:

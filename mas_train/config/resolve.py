@@ -263,6 +263,13 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
                 f"model group {g!r} uses backend {kind!r}, which only samples (its weights cannot be updated): set "
                 f"model_groups.{g}.trainable: false (or agents.<agent>.trainable: false for its agents)"
             )
+        group_lora = _group_lora(cfg, gcfg, trainable, shared_lora)
+        lora_check = getattr(options, "lora_server_args", None)  # the SGLang kinds: LoRA server args vs lora
+        if lora_check is not None:
+            try:
+                lora_check(group_lora, g)
+            except ValueError as err:
+                raise ConfigError(f"{where}: {err}") from None
         groups[g] = ResolvedModelGroup(
             name=g,
             model=model,
@@ -275,7 +282,7 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             num_gpus=gcfg.num_gpus,
             micro_batch_size=gcfg.micro_batch_size or cfg.micro_batch_size,
             trainable=trainable,
-            lora=_group_lora(cfg, gcfg, trainable, shared_lora),
+            lora=group_lora,
             base_group=groups_in_order[0] if shared_lora else None,
             **optim,
         )

@@ -11,7 +11,14 @@ accepts and answers (shapes read in SGLang's sources: ``srt/managers/io_struct.p
 * :class:`FakeEngine` – ``sglang.Engine``'s methods (0.5.23: tensor updates need a begin/end session and
   answer ``(success, message)``); :class:`FakeEngineLegacy` – the pre-0.5.23 engine without the session calls.
 * :func:`make_app` – a FastAPI app with ``/health``, ``/generate``, ``/update_weights_from_disk``,
-  ``/flush_cache``, ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/get_model_info``.
+  ``/flush_cache``, ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/get_model_info``,
+  ``/get_server_info``, ``/load_lora_adapter``, ``/unload_lora_adapter``.
+* LoRA as SGLang serves it (``srt/lora/lora_manager.py``, ``srt/lora/lora_registry.py``,
+  ``srt/managers/tokenizer_control_mixin.py``): adapters are loaded from PEFT folders under a name, a name
+  that is loaded cannot be loaded again, an adapter of a larger rank than ``max_lora_rank`` or with modules
+  outside ``lora_target_modules`` is refused, requests name adapters in ``lora_path`` (one per prompt). Each
+  load gets a new ``lora_id`` and generates for real with the adapter (PEFT on a copy of the base model), and
+  every request records the adapter folder that served each prompt (``requests[i]["served"]``).
 * ``python -m tests.backends.fake_sglang --model-path P --port N`` serves that app like
   ``python -m sglang.launch_server`` (same flag names), bound to 127.0.0.1.
 
@@ -56,8 +63,12 @@ SGLANG_SERVER_ARGS = frozenset(
         "model_path", "tokenizer_path", "mem_fraction_static", "tp_size", "base_gpu_id", "random_seed",
         "enable_memory_saver", "skip_tokenizer_init", "log_level", "dtype", "device", "attention_backend",
         "enable_deterministic_inference", "rl_on_policy_target", "context_length", "port", "host",
+        "enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch", "lora_paths",
     }
 )  # fmt: skip
+# LoadLoRAAdapterReqInput / UnloadLoRAAdapterReqInput fields a client sends (io_struct.py; lora_id is internal)
+SGLANG_LORA_LOAD_KEYS = frozenset({"lora_name", "lora_path", "pinned"})
+SGLANG_LORA_UNLOAD_KEYS = frozenset({"lora_name"})
 
 
 class FakeRuntime:
@@ -87,6 +98,14 @@ class FakeRuntime:
         self.calls: list[str] = []
         self.released = False
         self.requests: list[dict] = []
+        # ServerArgs LoRA fields (defaults as SGLang's: LoRA off, 8 adapters per batch)
+        self.lora_settings: dict[str, Any] = {
+            "enable_lora": False,
+            "max_lora_rank": None,
+            "lora_target_modules": None,
+            "max_loras_per_batch": 8,
+        }
+        self.loras: dict[str, dict[str, Any]] = {}  # lora_name -> {"lora_id", "lora_path", "model"}
 
     # -- generation -------------------------------------------------------------------------------------
 
@@ -114,12 +133,88 @@ class FakeRuntime:
         sps = sp if isinstance(sp, list) else [sp] * len(batch)
         if len(sps) != len(batch):
             raise ValueError(f"{len(sps)} sampling_params for {len(batch)} prompts")
-        self.requests.append({"input_ids": batch, "sampling_params": sps, "return_logprob": return_logprob})
-        outs = [self._generate_one(p, s, bool(return_logprob)) for p, s in zip(batch, sps, strict=True)]
+        names = self._lora_names(kwargs.get("lora_path"), len(batch))
+        served = [None if n is None else self.loras[n]["lora_path"] for n in names]
+        self.requests.append(
+            {
+                "input_ids": batch,
+                "sampling_params": sps,
+                "return_logprob": return_logprob,
+                "lora_path": kwargs.get("lora_path"),
+                "served": served,
+            }
+        )
+        models = [self.model if n is None else self.loras[n]["model"] for n in names]
+        outs = [
+            self._generate_one(p, s, bool(return_logprob), m)
+            for p, s, m in zip(batch, sps, models, strict=True)
+        ]
         return outs[0] if single else outs
 
+    def _lora_names(self, lora_path: Any, n: int) -> list[str | None]:
+        if lora_path is None:
+            return [None] * n
+        names = [lora_path] * n if isinstance(lora_path, str) else list(lora_path)
+        if len(names) != n:
+            raise ValueError(f"lora_path has {len(names)} entries for {n} prompts")
+        if any(x is not None for x in names) and not self.lora_settings["enable_lora"]:
+            raise ValueError("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        for name in names:
+            if name is not None and name not in self.loras:
+                raise ValueError(
+                    f"The following requested LoRA adapters are not loaded: {name}\n"
+                    f"Loaded adapters: {self.loras.keys()}."
+                )
+        return names
+
+    # -- LoRA (LoRAUpdateOutput answers: success, error_message, loaded_adapters) ---------------------------
+
+    def _lora_result(self, success: bool, error_message: str | None = None) -> dict[str, Any]:
+        loaded = {k: v["lora_path"] for k, v in self.loras.items()}
+        return {"success": success, "error_message": error_message, "loaded_adapters": loaded}
+
+    def load_lora(self, lora_name: str, lora_path: str, pinned: bool = False) -> dict[str, Any]:
+        import copy
+
+        from peft import PeftConfig, PeftModel
+
+        self.calls.append("load_lora_adapter")
+        settings = self.lora_settings
+        if not settings["enable_lora"]:
+            return self._lora_result(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if lora_name in self.loras:
+            return self._lora_result(
+                False, f"Failed to load LoRA adapter {lora_name} because it is already loaded"
+            )
+        try:
+            config = PeftConfig.from_pretrained(str(lora_path))
+        except Exception as e:  # noqa: BLE001 - SGLang reports any load failure in error_message
+            return self._lora_result(False, str(e))
+        rank, targets = settings["max_lora_rank"], settings["lora_target_modules"]
+        too_big = rank is not None and int(config.r) > int(rank)
+        outside = (
+            targets is not None and "all" not in targets and not set(config.target_modules) <= set(targets)
+        )
+        if too_big or outside:
+            return self._lora_result(
+                False,
+                f"LoRA adapter {lora_name} with rank {config.r} is incompatible with the current LoRA memory pool "
+                "configuration. Please ensure that the LoRA adapter's rank is within the configured "
+                "`--max-lora-rank` and that the target modules are included in `--lora-target-modules`.",
+            )
+        model = PeftModel.from_pretrained(copy.deepcopy(self.model), str(lora_path)).eval()
+        self.loras[lora_name] = {"lora_id": uuid.uuid4().hex, "lora_path": str(lora_path), "model": model}
+        return self._lora_result(True)
+
+    def unload_lora(self, lora_name: str) -> dict[str, Any]:
+        self.calls.append("unload_lora_adapter")
+        if lora_name not in self.loras:
+            return self._lora_result(False, f"LoRA adapter {lora_name} is not loaded")
+        del self.loras[lora_name]
+        return self._lora_result(True)
+
     @torch.no_grad()
-    def _generate_one(self, prompt: list[int], sp: dict, return_logprob: bool) -> dict:
+    def _generate_one(self, prompt: list[int], sp: dict, return_logprob: bool, model: Any = None) -> dict:
         unknown = set(sp) - SGLANG_SAMPLING_KEYS
         if unknown:
             raise TypeError(f"SamplingParams got unexpected keyword arguments {sorted(unknown)}")
@@ -143,7 +238,7 @@ class FakeRuntime:
         past = None
         step_input = torch.tensor([prompt])
         while True:
-            res = self.model(input_ids=step_input, cache=past, use_cache=True)
+            res = (model or self.model)(input_ids=step_input, cache=past, use_cache=True)
             past = res.cache
             logits = res.logits[0, -1].float()
             if temperature == 0:
@@ -244,6 +339,9 @@ class FakeEngineLegacy:
             runtime = FakeRuntime(server_args["model_path"], random_seed=server_args.get("random_seed") or 0)
         self.runtime = runtime
         self.shut_down = False
+        for key in ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch"):
+            if server_args.get(key) is not None:
+                runtime.lora_settings[key] = server_args[key]
 
     def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None, **kw: Any):
         return self.runtime.generate(input_ids=input_ids, sampling_params=sampling_params, text=prompt, **kw)
@@ -268,6 +366,12 @@ class FakeEngineLegacy:
 
     def flush_cache(self):
         return SimpleNamespace(success=self.runtime.flush_cache())
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False):
+        return SimpleNamespace(**self.runtime.load_lora(lora_name, lora_path, pinned))
+
+    def unload_lora_adapter(self, lora_name: str):
+        return SimpleNamespace(**self.runtime.unload_lora(lora_name))
 
     def release_memory_occupation(self, tags=None):
         if not self.server_args.get("enable_memory_saver"):
@@ -321,6 +425,28 @@ def make_app(runtime: FakeRuntime):
     @app.get("/get_model_info")
     async def get_model_info() -> dict:
         return {"model_path": runtime.model_path, "is_generation": True}
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict:
+        return {"model_path": runtime.model_path, **runtime.lora_settings}
+
+    def _lora_call(body: Any, allowed: frozenset, required: tuple, call):
+        unknown = set(body) - allowed if isinstance(body, dict) else {"<not an object>"}
+        missing = [k for k in required if not isinstance(body, dict) or k not in body]
+        if unknown or missing:  # SGLang's request model: 422 on a missing field (stricter here on extras)
+            return JSONResponse({"detail": f"unknown {sorted(unknown)}, missing {missing}"}, status_code=422)
+        result = call(**body)
+        return JSONResponse(result, status_code=200 if result["success"] else 400)
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        body = await request.json()
+        return _lora_call(body, SGLANG_LORA_LOAD_KEYS, ("lora_name", "lora_path"), runtime.load_lora)
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        body = await request.json()
+        return _lora_call(body, SGLANG_LORA_UNLOAD_KEYS, ("lora_name",), runtime.unload_lora)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):

@@ -28,6 +28,14 @@ against a real SGLang, see ``docs/scaling.md``):
   ``(success, message, num_paused_requests)``; ``POST /update_weights_from_disk`` answers
   ``{"success", "message", "num_paused_requests"}`` with status 200, or 400 on failure
   (``srt/entrypoints/http_server.py``).
+* LoRA (``docs/advanced_features/lora.ipynb``, ``srt/entrypoints/engine.py``, ``srt/entrypoints/http_server.py``,
+  ``srt/managers/io_struct.py``): ``ServerArgs`` ``enable_lora``, ``max_lora_rank``, ``lora_target_modules``,
+  ``max_loras_per_batch`` (``--enable-lora`` ...); a request selects adapters by *name* with
+  ``lora_path`` (a list, one name or ``None`` per prompt); ``Engine.load_lora_adapter(lora_name, lora_path,
+  pinned=False)`` / ``Engine.unload_lora_adapter(lora_name)`` and ``POST /load_lora_adapter``
+  ``{"lora_name", "lora_path"}`` / ``POST /unload_lora_adapter`` ``{"lora_name"}`` answer
+  ``LoRAUpdateOutput`` ``{"success", "error_message", "loaded_adapters"}`` (HTTP 200 or 400). Loading a name
+  that is loaded fails, so a new adapter version is unload + load of a new PEFT folder.
 * ``flush_cache`` (``GET|POST /flush_cache``: 200, or 400 while requests are running),
   ``release_memory_occupation(tags=None)`` / ``resume_memory_occupation(tags=None)`` (need
   ``enable_memory_saver`` and an idle engine), ``GET /health`` (200 once the server is up).
@@ -49,6 +57,7 @@ from mas_train.backends.sglang.wire import (
     parse_sglang_outputs,
     to_sglang_sampling_params,
     write_hf_checkpoint,
+    write_peft_adapter,
 )
 
 __all__ = [
@@ -61,6 +70,7 @@ __all__ = [
     "parse_sglang_outputs",
     "to_sglang_sampling_params",
     "write_hf_checkpoint",
+    "write_peft_adapter",
 ]
 
 _OPTION_CLASSES = {"sglang_engine": SGLangEngineOptions, "sglang_http": SGLangHTTPOptions}
@@ -85,10 +95,14 @@ def make_from_options(
             ``group`` its ``name_or_path`` is the folder served.
         tokenizer: the group's tokenizer (for the defensive stop-string cut).
         group: the resolved model group: its ``model`` (hub id, folder or builtin alias) is served and its
-            ``dtype`` (unless ``auto``) is passed to SGLang.
+            ``dtype`` (unless ``auto``) is passed to SGLang. With a ``lora`` section the backend serves the
+            group's adapter under the group's name: SGLang starts with the LoRA server args of
+            :meth:`~mas_train.backends.options.SGLangEngineOptions.lora_server_args`, and when ``model`` holds
+            the adapter (the group's PeftModel) its current weights are loaded before the first request.
 
     Raises:
-        ValueError: nothing names the model to serve.
+        ValueError: nothing names the model to serve; LoRA options inconsistent with the group's ``lora``
+            (one line, before SGLang starts); a given server that cannot serve the adapter.
     """
     model_config = getattr(model, "config", None)
     dtype = getattr(group, "dtype", None)
@@ -99,11 +113,18 @@ def make_from_options(
         model_path = resolve_model_path(group.model)
     if model_path is None:
         model_path = getattr(model, "name_or_path", None)
+    lora = getattr(group, "lora", None)
+    lora_name = (getattr(group, "name", "") or None) if lora is not None else None
+    if lora is not None and lora_name is None:
+        raise ValueError("a LoRA model group needs a name: SGLang serves its adapter under it")
+    lora_args = options.lora_server_args(lora, lora_name or getattr(group, "name", "") or "<group>")
+    lora_kw = {"lora_name": lora_name, "lora": lora}
     if isinstance(options, SGLangEngineOptions):
         engine_kwargs = dict(options.engine_kwargs)
         if dtype and dtype != "auto":
             engine_kwargs.setdefault("dtype", dtype)
-        return SGLangEngineBackend(
+        engine_kwargs.update(lora_args)
+        backend = SGLangEngineBackend(
             model_path,
             tokenizer=tokenizer,
             mem_fraction_static=options.mem_fraction_static,
@@ -115,13 +136,16 @@ def make_from_options(
             model_config=model_config,
             bucket_bytes=options.bucket_bytes,
             engine_kwargs=engine_kwargs,
+            **lora_kw,
         )
+        return _load_initial_adapter(backend, model)
     common = {
         "tokenizer": tokenizer,
         "timeout": options.timeout,
         "connect_retries": options.connect_retries,
         "weight_dir": options.weight_dir,
         "model_config": model_config,
+        **lora_kw,
     }
     if options.url:
         backend = SGLangHTTPBackend(
@@ -129,10 +153,11 @@ def make_from_options(
         )
         try:
             backend.wait_until_healthy(options.startup_timeout or 60.0)
+            backend.check_lora_server()
         except BaseException:
             backend.close()
             raise
-        return backend
+        return _load_initial_adapter(backend, model)
     if model_path is None:
         raise ValueError(
             "sglang_http without backend_options.url launches a server: it needs the model to serve"
@@ -140,7 +165,8 @@ def make_from_options(
     extra = list(options.extra_args)
     if dtype and dtype != "auto":
         extra += ["--dtype", dtype]
-    return SGLangHTTPBackend.launch(
+    extra += _server_flags(lora_args)
+    backend = SGLangHTTPBackend.launch(
         model_path,
         port=options.port,
         mem_fraction_static=options.mem_fraction_static,
@@ -152,6 +178,43 @@ def make_from_options(
         startup_timeout=options.startup_timeout or 900.0,
         **common,
     )
+    return _load_initial_adapter(backend, model)
+
+
+def _server_flags(args: dict[str, Any]) -> list[str]:
+    """``sglang.launch_server`` flags of ServerArgs fields (``enable_lora=True`` -> ``--enable-lora``; a list
+    is one flag with several values, as SGLang's ``nargs="*"`` arguments take it)."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list | tuple):
+            flags += [flag, *[str(v) for v in value]]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _load_initial_adapter(backend: Any, model: Any) -> Any:
+    """Load a LoRA group's adapter as it is at start-up (the PeftModel's), so the first requests already
+    select it; nothing for a full fine-tune or without a model. The backend is closed if SGLang refuses."""
+    if backend.lora_name is None or model is None:
+        return backend
+    from mas_train.lora import adapter_state
+
+    tensors = adapter_state(model, backend.lora_name)
+    if not tensors:
+        backend.close()
+        raise ValueError(
+            f"model group {backend.lora_name!r} has a lora section but its model has no adapter of that name"
+        )
+    try:
+        backend.load_adapter(tensors)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
 
 
 def make_sglang_backend(group: Any, model: Any = None, tokenizer: Any = None) -> Any:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
@@ -13,6 +15,7 @@ from mas_train.backends.sglang.wire import (
     INSTALL_HINT,
     _buckets,
     _check,
+    _LoRASync,
     _named_tensor_list,
     _per_prompt_sampling,
     _result_ok,
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["SGLangEngineBackend"]
 
 
-class SGLangEngineBackend:
+class SGLangEngineBackend(_LoRASync):
     """Generation through an in-process ``sglang.Engine`` (one per model group).
 
     Args:
@@ -53,6 +56,11 @@ class SGLangEngineBackend:
         tensor_device: device tensors are moved to before ``update_weights_from_tensor`` (SGLang needs CUDA
             tensors); default ``"cuda"`` when available, else tensors are passed as they are.
         engine_kwargs: any further ``sglang.ServerArgs`` fields.
+        lora_name: the SGLang adapter name of a LoRA model group (the group's name); ``None`` for a full
+            fine-tune. Every request then carries ``lora_path=[lora_name, ...]`` and :meth:`update_weights`
+            takes only the adapter's tensors (see :meth:`load_adapter`).
+        lora: the group's :class:`mas_train.config.LoraConfig` (written as the adapter's ``adapter_config.json``).
+        adapter_dir: folder for the versioned PEFT adapter folders SGLang loads; default a temp folder.
 
     ``weight_version`` starts at 0 and increases by one per successful :meth:`update_weights`; every output
     carries the version it was sampled with.
@@ -74,7 +82,14 @@ class SGLangEngineBackend:
         bucket_bytes: int = 512 * 1024**2,
         tensor_device: str | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        lora_name: str | None = None,
+        lora: Any = None,
+        adapter_dir: str | os.PathLike | None = None,
     ) -> None:
+        if (lora_name is None) != (lora is None):
+            raise ValueError(
+                "SGLangEngineBackend: pass lora_name and lora together (a LoRA group), or neither"
+            )
         if weight_sync not in ("auto", "tensor", "disk"):
             raise ValueError(f"weight_sync must be 'auto', 'tensor' or 'disk', got {weight_sync!r}")
         if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
@@ -89,6 +104,13 @@ class SGLangEngineBackend:
         self.weight_version = 0
         self._asleep = False
         self._closed = False
+        self.lora_name = lora_name
+        self.lora = lora
+        self.adapter_path = None
+        self._tmp_adapter_dir = (
+            None if adapter_dir is not None else tempfile.mkdtemp(prefix="mas_sglang_lora_")
+        )
+        self.adapter_root = Path(adapter_dir if adapter_dir is not None else self._tmp_adapter_dir)
         self._owns_engine = engine is None
         if engine is None:
             if self.model_path is None:
@@ -142,6 +164,7 @@ class SGLangEngineBackend:
             input_ids=prompts,
             sampling_params=[to_sglang_sampling_params(s) for s in samplings],
             return_logprob=True,
+            **self._lora_request_field(len(prompts)),
         )
         return parse_sglang_outputs(outs, samplings, weight_version=version, tokenizer=self.tokenizer)
 
@@ -152,7 +175,10 @@ class SGLangEngineBackend:
 
         Tensor path: ``begin_weight_update()`` (when the engine has it), ``update_weights_from_tensor`` per
         bucket with ``flush_cache=False``, ``end_weight_update()``, then one ``flush_cache()``. Disk path:
-        write a safetensors checkpoint to a temporary folder and ``update_weights_from_disk`` it.
+        write a safetensors checkpoint to a temporary folder and ``update_weights_from_disk`` it. LoRA group
+        (``lora_name`` set): ``named_tensors`` are the adapter's only; they are written as a PEFT folder
+        ``adapter_dir/<lora_name>-v<N>`` and SGLang's ``unload_lora_adapter(lora_name)`` +
+        ``load_lora_adapter(lora_name, lora_path)`` swap it in; no base weight is sent.
 
         Returns:
             The new ``weight_version``.
@@ -163,7 +189,9 @@ class SGLangEngineBackend:
         """
         self._check_usable()
         items = _named_tensor_list(named_tensors)
-        if self.weight_sync == "tensor":
+        if self.lora_name is not None:
+            self._push_adapter(items, self.weight_version + 1)
+        elif self.weight_sync == "tensor":
             self._update_from_tensor(items)
         else:
             self._update_from_disk(items)
@@ -190,6 +218,12 @@ class SGLangEngineBackend:
         with tempfile.TemporaryDirectory(prefix="mas_sglang_weights_") as tmp:
             write_hf_checkpoint(items, tmp, model_config=self.model_config, source_dir=self.model_path)
             _check(self.engine.update_weights_from_disk(model_path=tmp), "update_weights_from_disk")
+
+    def _load_lora(self, name: str, path: str) -> None:
+        _check(self.engine.load_lora_adapter(lora_name=name, lora_path=path), "load_lora_adapter")
+
+    def _unload_lora(self, name: str) -> None:
+        _check(self.engine.unload_lora_adapter(lora_name=name), "unload_lora_adapter")
 
     def _flush_cache(self) -> None:
         # flush_cache refuses while requests are in flight; generate() is synchronous, so retry only briefly
@@ -221,6 +255,8 @@ class SGLangEngineBackend:
         self._closed = True
         if self._owns_engine and hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
+        if self._tmp_adapter_dir is not None:
+            shutil.rmtree(self._tmp_adapter_dir, ignore_errors=True)
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mas_train.backends.base import GenerationOutput, SamplingParams
 from mas_train.backends.sglang.wire import (
     _check,
+    _LoRASync,
     _named_tensor_list,
     _per_prompt_sampling,
     _validate_prompts,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["SGLangHTTPBackend"]
 
 
-class SGLangHTTPBackend:
+class SGLangHTTPBackend(_LoRASync):
     """Generation through an SGLang HTTP server (``python -m sglang.launch_server``), with only ``httpx`` here.
 
     Args:
@@ -49,6 +50,11 @@ class SGLangHTTPBackend:
         model_config / model_path: config source for that checkpoint (see :func:`write_hf_checkpoint`).
         memory_saver: the server was started with ``--enable-memory-saver``; otherwise sleep/wake are no-ops.
         process: a ``subprocess.Popen`` of a server this backend owns; :meth:`close` terminates it.
+        lora_name / lora: a LoRA model group's adapter name (the group's name) and
+            :class:`mas_train.config.LoraConfig`: requests carry ``"lora_path": [lora_name, ...]`` and
+            :meth:`update_weights` writes only the adapter, as a PEFT folder ``weight_dir/<lora_name>-v<N>``,
+            then ``POST /unload_lora_adapter`` + ``POST /load_lora_adapter`` (the server must run with
+            ``--enable-lora`` and a ``--max-lora-rank`` >= ``lora.r``; see :meth:`check_lora_server`).
 
     Weights are synced through disk (``/update_weights_from_disk``): ``update_weights_from_tensor`` passes
     CUDA IPC handles, which only work for a server on the same GPU node as the trainer.
@@ -67,8 +73,16 @@ class SGLangHTTPBackend:
         model_path: str | os.PathLike | None = None,
         memory_saver: bool = False,
         process: subprocess.Popen | None = None,
+        lora_name: str | None = None,
+        lora: Any = None,
     ) -> None:
         import httpx
+
+        if (lora_name is None) != (lora is None):
+            raise ValueError("SGLangHTTPBackend: pass lora_name and lora together (a LoRA group), or neither")
+        self.lora_name = lora_name
+        self.lora = lora
+        self.adapter_path = None
 
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
@@ -89,6 +103,7 @@ class SGLangHTTPBackend:
             self._tmp_weight_dir = tempfile.TemporaryDirectory(prefix="mas_sglang_http_weights_")
             weight_dir = self._tmp_weight_dir.name
         self.weight_dir = Path(weight_dir)
+        self.adapter_root = self.weight_dir
         self._asleep = False
         self._closed = False
 
@@ -228,6 +243,7 @@ class SGLangHTTPBackend:
             "input_ids": prompts,
             "sampling_params": [to_sglang_sampling_params(s) for s in samplings],
             "return_logprob": True,
+            **self._lora_request_field(len(prompts)),
         }
         r = self._request("POST", "/generate", payload)
         if r.status_code >= 400:
@@ -243,6 +259,10 @@ class SGLangHTTPBackend:
     ) -> int:
         """Write the weights to ``weight_dir/v<N>``, ``POST /update_weights_from_disk``, ``POST /flush_cache``.
 
+        LoRA group (``lora_name`` set): only the adapter's tensors, written as the PEFT folder
+        ``weight_dir/<lora_name>-v<N>`` and swapped in with ``POST /unload_lora_adapter`` +
+        ``POST /load_lora_adapter``, then ``POST /flush_cache``; no base weight is sent.
+
         Returns:
             The new ``weight_version``.
 
@@ -251,15 +271,18 @@ class SGLangHTTPBackend:
         """
         self._check_usable()
         items = _named_tensor_list(named_tensors)
+        if self.lora_name is not None:
+            self._push_adapter(items, self.weight_version + 1)
+            self._flush()
+            self.weight_version += 1
+            return self.weight_version
         target = self.weight_dir / f"v{self.weight_version + 1}"
         write_hf_checkpoint(items, target, model_config=self.model_config, source_dir=self.model_path)
         try:
             self._post_ok(
                 "/update_weights_from_disk", {"model_path": str(target)}, "update_weights_from_disk"
             )
-            r = self._request("POST", "/flush_cache")
-            if r.status_code >= 400:
-                raise RuntimeError(f"SGLang flush_cache failed: HTTP {r.status_code}: {r.text[:500]}")
+            self._flush()
         finally:
             # the previous checkpoint is no longer needed once the server loaded (or refused) this one
             previous = self.weight_dir / f"v{self.weight_version}"
@@ -267,6 +290,50 @@ class SGLangHTTPBackend:
                 shutil.rmtree(previous, ignore_errors=True)
         self.weight_version += 1
         return self.weight_version
+
+    def _flush(self) -> None:
+        r = self._request("POST", "/flush_cache")
+        if r.status_code >= 400:
+            raise RuntimeError(f"SGLang flush_cache failed: HTTP {r.status_code}: {r.text[:500]}")
+
+    def _load_lora(self, name: str, path: str) -> None:
+        # LoadLoRAAdapterReqInput fields (srt/managers/io_struct.py); 200 or 400 with LoRAUpdateOutput
+        self._post_ok("/load_lora_adapter", {"lora_name": name, "lora_path": path}, "load_lora_adapter")
+
+    def _unload_lora(self, name: str) -> None:
+        self._post_ok("/unload_lora_adapter", {"lora_name": name}, "unload_lora_adapter")
+
+    def check_lora_server(self) -> None:
+        """Check an already running server can serve this group's adapter, from ``GET /get_server_info``
+        (SGLang's ``ServerArgs`` as a dict): ``enable_lora`` on and ``max_lora_rank`` (when the server reports
+        one) >= ``lora.r``. A server without that endpoint or those keys is not checked here (its
+        ``/load_lora_adapter`` answer then says what is wrong).
+
+        Raises:
+            ValueError: the server runs without ``--enable-lora`` or with a smaller ``--max-lora-rank``.
+        """
+        if self.lora_name is None:
+            return
+        r = self._request("GET", "/get_server_info")
+        if r.status_code != 200:
+            return
+        try:
+            info = r.json()
+        except ValueError:
+            return
+        if not isinstance(info, Mapping) or "enable_lora" not in info:
+            return
+        if not info.get("enable_lora"):
+            raise ValueError(
+                f"the SGLang server at {self.url} runs without --enable-lora, so it cannot serve LoRA group "
+                f"{self.lora_name!r}: restart it with --enable-lora --max-lora-rank {self.lora.r}"
+            )
+        rank = info.get("max_lora_rank")
+        if isinstance(rank, int) and rank < int(self.lora.r):
+            raise ValueError(
+                f"the SGLang server at {self.url} has --max-lora-rank {rank} < lora.r={self.lora.r} of group "
+                f"{self.lora_name!r}: restart it with --max-lora-rank >= {self.lora.r}"
+            )
 
     def sleep(self) -> None:
         """``POST /release_memory_occupation`` (needs ``--enable-memory-saver``; otherwise a no-op)."""

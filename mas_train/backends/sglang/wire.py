@@ -19,7 +19,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["parse_sglang_output", "parse_sglang_outputs", "to_sglang_sampling_params", "write_hf_checkpoint"]
+__all__ = [
+    "parse_sglang_output",
+    "parse_sglang_outputs",
+    "to_sglang_sampling_params",
+    "write_hf_checkpoint",
+    "write_peft_adapter",
+]
 
 INSTALL_HINT = (
     "SGLang is not installed. Install the GPU extra on a CUDA machine: pip install 'mas-rl[gpu]' "
@@ -213,17 +219,19 @@ def _result_ok(result: Any) -> tuple[bool, str]:
         return result, ""
     if isinstance(result, tuple | list) and result and isinstance(result[0], bool):
         return result[0], str(result[1]) if len(result) > 1 else ""
+    # LoRA load/unload answer LoRAUpdateOutput(success, error_message, loaded_adapters) (io_struct.py)
     if isinstance(result, Mapping) and "success" in result:
-        return bool(result["success"]), str(result.get("message", ""))
+        return bool(result["success"]), str(result.get("message") or result.get("error_message") or "")
     if hasattr(result, "success"):
-        return bool(result.success), str(getattr(result, "message", ""))
+        message = getattr(result, "message", None) or getattr(result, "error_message", None) or ""
+        return bool(result.success), str(message)
     return True, ""
 
 
 def _check(result: Any, what: str) -> None:
     ok, message = _result_ok(result)
     if not ok:
-        raise RuntimeError(f"SGLang {what} failed: {message or result!r}")
+        raise RuntimeError(f"SGLang {what} failed: {message or repr(result)}")
 
 
 def _named_tensor_list(
@@ -286,3 +294,118 @@ def _buckets(
         size += nbytes
     if bucket:
         yield bucket
+
+
+def write_peft_adapter(
+    named_tensors: Sequence[tuple[str, torch.Tensor]],
+    adapter_name: str,
+    lora: Any,
+    out_dir: str | os.PathLike,
+) -> Path:
+    """Write one adapter's tensors as a PEFT adapter folder SGLang's ``load_lora_adapter`` reads.
+
+    The folder is what ``PeftModel.save_pretrained`` writes for that adapter: ``adapter_config.json`` (from
+    :func:`mas_train.lora.peft_config`, i.e. ``peft.LoraConfig.save_pretrained``) and
+    ``adapter_model.safetensors`` with PEFT's saved names, the PeftModel parameter names without the adapter-name
+    segment (``...q_proj.lora_A.<name>.weight`` -> ``...q_proj.lora_A.weight``).
+
+    Args:
+        named_tensors: ``(name, tensor)`` pairs under PeftModel names (:func:`mas_train.lora.adapter_state`).
+        adapter_name: the PEFT adapter name in those names (the model group's name).
+        lora: the group's :class:`mas_train.config.LoraConfig`.
+        out_dir: folder to write (created; files in it are replaced).
+
+    Raises:
+        ValueError: a tensor that is not one of adapter ``adapter_name``'s (e.g. a base weight): a LoRA sync
+            never pushes base weights.
+    """
+    from safetensors.torch import save_file
+
+    from mas_train.lora import is_adapter_param, peft_config
+
+    segment = f".{adapter_name}."
+    state: dict[str, Any] = {}
+    for name, t in named_tensors:
+        if not is_adapter_param(name, adapter_name):
+            raise ValueError(
+                f"LoRA weight sync of adapter {adapter_name!r} got {name!r}, which is not one of its tensors; "
+                "a LoRA group pushes only its adapter (mas_train.lora.adapter_state)"
+            )
+        head, _, tail = name.rpartition(segment)
+        state[f"{head}.{tail}"] = t.detach().to("cpu").contiguous().clone()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    peft_config(lora).save_pretrained(str(out))
+    save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+class _LoRASync:
+    """Adapter-only weight sync shared by both SGLang backends of a LoRA model group.
+
+    SGLang has no in-place update of a loaded adapter from a folder: ``load_lora_adapter`` refuses a name that
+    is loaded ("... because it is already loaded", ``srt/lora/lora_manager.py::validate_new_adapter``), so a
+    new version is ``unload_lora_adapter(lora_name)`` then ``load_lora_adapter(lora_name, lora_path)`` of a
+    freshly written PEFT folder. Subclasses set ``lora_name``, ``lora`` and ``adapter_root`` and implement
+    ``_load_lora`` / ``_unload_lora`` with the transport's call.
+    """
+
+    lora_name: str | None = None
+    lora: Any = None
+    adapter_root: Path
+    adapter_path: Path | None = None
+
+    def _load_lora(self, name: str, path: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _unload_lora(self, name: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _lora_request_field(self, n: int) -> dict[str, Any]:
+        """``{"lora_path": [name] * n}`` (GenerateReqInput.lora_path: adapter *names*, one per prompt) or ``{}``."""
+        if self.lora_name is None:
+            return {}
+        if self.adapter_path is None:
+            raise RuntimeError(
+                f"LoRA adapter {self.lora_name!r} is not loaded into SGLang yet: call load_adapter() or "
+                "update_weights() with the adapter's tensors first"
+            )
+        return {"lora_path": [self.lora_name] * n}
+
+    def _push_adapter(self, items: Sequence[tuple[str, torch.Tensor]], version: int) -> Path:
+        """Write ``items`` to ``adapter_root/<name>-v<version>`` and make it the served version of the adapter:
+        unload the old one (if loaded), load the new one; on a failed load the old version is loaded back."""
+        target = self.adapter_root / f"{self.lora_name}-v{version}"
+        write_peft_adapter(items, self.lora_name, self.lora, target)
+        previous = self.adapter_path
+        if previous is not None:
+            self._unload_lora(self.lora_name)
+        try:
+            self._load_lora(self.lora_name, str(target))
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            if previous is not None:
+                try:  # keep serving the last good version rather than none
+                    self._load_lora(self.lora_name, str(previous))
+                except Exception:  # noqa: BLE001 - the original error is the one to report
+                    self.adapter_path = None
+                    logger.error("could not load LoRA adapter %s back after a failed sync", previous)
+            raise
+        if previous is not None and previous != target:
+            shutil.rmtree(previous, ignore_errors=True)
+        self.adapter_path = target
+        return target
+
+    def load_adapter(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> Path:
+        """Load the group's adapter as it is now (at start-up, before any update) without bumping
+        ``weight_version``; returns the PEFT folder SGLang loaded.
+
+        Raises:
+            RuntimeError: this backend serves no adapter, or SGLang refused the load (its message included).
+            ValueError: a tensor that is not the adapter's.
+        """
+        if self.lora_name is None:
+            raise RuntimeError("this SGLang backend serves no LoRA adapter (no lora_name)")
+        return self._push_adapter(_named_tensor_list(named_tensors), int(getattr(self, "weight_version", 0)))
