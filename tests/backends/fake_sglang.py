@@ -498,11 +498,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--base-gpu-id", type=int, default=0)
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--enable-memory-saver", action="store_true")
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-lora-rank", type=int, default=None)
+    p.add_argument("--lora-target-modules", nargs="*", default=None)
+    p.add_argument("--max-loras-per-batch", type=int, default=8)
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost"):
         raise SystemExit("the fake SGLang server binds to 127.0.0.1 only")
     torch.set_num_threads(1)
     runtime = FakeRuntime(args.model_path, random_seed=args.random_seed)
+    runtime.lora_settings.update(
+        enable_lora=args.enable_lora,
+        max_lora_rank=args.max_lora_rank,
+        lora_target_modules=args.lora_target_modules,
+        max_loras_per_batch=args.max_loras_per_batch,
+    )
     uvicorn.run(make_app(runtime), host=args.host, port=args.port, log_level="warning")
 
 
