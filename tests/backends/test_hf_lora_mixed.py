@@ -26,7 +26,9 @@ def peft_and_tok(tiny_model_and_tokenizer):
     cfg = dict(target_modules=["q_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, **cfg), adapter_name="solver")
+        peft = get_peft_model(
+            copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, **cfg), adapter_name="solver"
+        )
         peft.add_adapter("verifier", LoraConfig(r=2, lora_alpha=4, **cfg))
         with torch.no_grad():
             for name, p in peft.named_parameters():
