@@ -13,6 +13,7 @@ pytest.importorskip("peft")
 from mas_train.backends.base import SamplingParams  # noqa: E402
 from mas_train.backends.hf import HFBackend  # noqa: E402
 from mas_train.backends.testing import chat_prompt, teacher_forced_logprobs  # noqa: E402
+from tests.backends.test_hf import _record_prefill_rows  # noqa: E402
 
 ADAPTERS = ("solver", "verifier")
 
@@ -104,6 +105,21 @@ def test_one_adapter_rows_share_the_long_prefix_and_match(peft_and_tok):
     for m, r in zip(mixed, reference, strict=True):
         assert m.completion_ids == r.completion_ids
         assert torch.allclose(torch.tensor(m.logprobs), torch.tensor(r.logprobs), atol=1e-5)
+
+
+def test_a_prompt_is_prefilled_once_per_adapter(peft_and_tok):
+    peft, tok = peft_and_tok
+    backend = HFBackend(peft, tok, share_model=True)
+    prompt = chat_prompt(tok, "What is 2 + 3?")
+    sampling = [SamplingParams(max_new_tokens=3, temperature=1.0, seed=k) for k in range(4)]
+    rows = _record_prefill_rows(backend)
+    outs = backend.generate([prompt] * 4, sampling, adapters=["solver", "verifier", "solver", "verifier"])
+    assert rows == [2]  # one prefill row per (adapter, prompt), copied to the rows that share it
+    peft.set_adapter("verifier")
+    alone = backend.generate([prompt] * 2, sampling[1::2])
+    peft.set_adapter("solver")
+    assert [o.completion_ids for o in outs[1::2]] == [o.completion_ids for o in alone]
+    assert torch.allclose(torch.tensor(outs[3].logprobs), torch.tensor(alone[1].logprobs), atol=1e-5)
 
 
 def test_adapters_that_cannot_be_honoured_are_refused(peft_and_tok, tiny_model_and_tokenizer):
