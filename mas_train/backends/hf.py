@@ -12,7 +12,12 @@ instead of ``model.generate``, for three reasons:
 * stop strings end a row at the token that completes them and the finish reason says which one;
 * a finished row leaves the batch (and the KV cache) at once, so one long completion does not make the
   others pay for padding steps;
-* identical prompts in a batch are prefilled once (see below).
+* identical prompts in a batch are prefilled once (see below);
+* rows may name their own LoRA adapter (``generate(..., adapters=[...])`` on a ``peft.PeftModel``): PEFT's
+  mixed-adapter batch (``adapter_names=`` on every forward) adds each row's own ``B A x`` to the shared base
+  output, so agents whose adapters sit on one base sample in one call, each row exactly as in a call with its
+  adapter active (up to float rounding of the sub-batch matmuls). PEFT refuses it in training mode (sampling
+  runs in eval mode), with merged adapters and with DoRA.
 
 Prompt sharing: GRPO-style rollouts reset the G copies of a task group to the same task, so on the first tick
 of every group the G prompts are identical token sequences (``num_generations`` copies of one prompt). Prefill
