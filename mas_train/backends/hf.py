@@ -36,6 +36,10 @@ keeps its own generator, temperature, truncation and stop strings, so a seeded r
 Logprobs are ``log_softmax(logits / temperature)[token]`` (natural log, fp32; greedy: temperature 1), the
 quantity TRL's trainer recomputes and SGLang returns, so importance ratios compare like with like. Top-p/top-k
 truncation restricts which tokens can be drawn but is not folded into the reported logprob (as in SGLang).
+
+The backend stays one file: prefill sharing, finished-row dropping and per-row adapters all edit the same batch
+state (KV cache, mask, live rows, adapter names) of one decode loop, and splitting them would spread that
+state's invariants over modules (sampling itself lives in :mod:`mas_train.backends.sampling`).
 """
 
 from __future__ import annotations
