@@ -12,7 +12,12 @@ a small per-episode record while the episode runs, and the samples are built onc
 Batching: at every tick, each live env has exactly one pending turn (``env.agent_selection``). All pending turns
 of all envs are grouped by model group, so one tick costs one ``generate`` call per model group however many
 envs and agents there are (Dr. MAS reference: ``MultiAgentTrajectoryCollector.vanilla_multi_turn_loop``, which
-batches one agent role at a time across the whole batch).
+batches one agent role at a time across the whole batch). Model groups whose generators report the same
+``mixed_batch_key`` (LoRA adapters on one shared base model with one HF backend, ``model_sharing:
+shared_lora`` on CPU) go further: their turns of a tick form **one** ``generate_mixed`` call in which each row
+uses its own group's adapter; each row's seed, sampling settings, stop strings, token ids and logprobs are
+those of the per-group call. Generators without a key (other backends, private backend copies, chat
+endpoints) keep one call per group.
 
 Prompt length rule: a rendered prompt longer than ``max_prompt_length`` tokens is **not** truncated (cutting
 either end of a chat prompt drops the system prompt or the question and trains on a prompt the env never
@@ -193,7 +198,8 @@ class RolloutBatch:
         samples: one :class:`Sample` per generated agent turn, in (tick, env) order.
         trajectories: one :class:`Trajectory` per env copy, in task-major order (task 0's G copies first).
         prompt_overflows: turns skipped because the prompt exceeded ``max_prompt_length`` (per agent).
-        generate_calls: number of backend ``generate`` calls made (per model group).
+        generate_calls: number of backend ``generate`` calls made, per model group; a call shared by several
+            groups (``generate_mixed``) counts under their names joined by ``+`` (e.g. ``"solver+verifier"``).
         ticks: number of lock-step ticks.
         generate_seconds: wall time spent inside backend ``generate`` calls.
         env_seconds: wall time spent in env ``reset``/``step`` and chat-template rendering.
@@ -272,6 +278,8 @@ class RolloutCollector:
         max_ticks: safety bound on lock-step ticks per :meth:`collect`; an env that neither terminates nor
             truncates within it raises ``RuntimeError`` rather than looping forever.
         seed: base seed for env resets and per-request sampling seeds.
+        mix_adapters: batch the turns of groups that share a ``mixed_batch_key`` into one
+            ``generate_mixed`` call per tick (see the module docstring); ``False``: one call per group.
 
     Raises:
         ValueError: when an agent maps to a model group without a generator or tokenizer.
@@ -288,6 +296,7 @@ class RolloutCollector:
         max_prompt_length: int | None = None,
         max_ticks: int = 256,
         seed: int = 0,
+        mix_adapters: bool = True,
     ) -> None:
         for agent, group in agent_groups.items():
             if group not in generators or group not in tokenizers:
@@ -303,6 +312,7 @@ class RolloutCollector:
         self.max_prompt_length = max_prompt_length
         self.max_ticks = max_ticks
         self.seed = seed
+        self.mix_adapters = bool(mix_adapters)
         self._envs: list[Any] = []
 
     def _env(self, i: int) -> Any:
@@ -327,6 +337,17 @@ class RolloutCollector:
         env_stops = tuple(getattr(env.unwrapped, "stop_strings", {}).get(agent, ()))
         stops = tuple(dict.fromkeys(env_stops + tuple(base.stop)))  # ordered de-dup
         return dataclasses.replace(base, stop=stops, seed=seed)
+
+    def _call_units(self, groups: Sequence[str]) -> list[tuple[str, ...]]:
+        """The tick's groups split into calls: groups sharing a ``mixed_batch_key`` together, others alone."""
+        units: dict[Any, list[str]] = {}
+        for g in groups:
+            gen = self.generators[g]
+            key = None
+            if self.mix_adapters and not getattr(gen, "wants_messages", False):
+                key = getattr(gen, "mixed_batch_key", None)
+            units.setdefault(("mixed", key) if key is not None else ("alone", g), []).append(g)
+        return [tuple(u) for u in units.values()]
 
     def collect(
         self,
@@ -414,24 +435,30 @@ class RolloutCollector:
                 requests[group].append((i, pending, sp))
             t_env += time.perf_counter() - t0
 
-            for group, reqs in requests.items():
+            for unit in self._call_units(list(requests)):
                 t0 = time.perf_counter()
-                gen = self.generators[group]
-                if getattr(gen, "wants_messages", False):
+                reqs = [r for g in unit for r in requests[g]]
+                gen = self.generators[unit[0]]
+                if len(unit) > 1:
+                    # one call for several groups on one base model: each row with its own group's adapter
+                    owners = [self.generators[p.model_group] for _, p, _ in reqs]
+                    outs = gen.generate_mixed([r[1].prompt_ids for r in reqs], [r[2] for r in reqs], owners)
+                elif getattr(gen, "wants_messages", False):
                     # a chat endpoint (the openai backend) applies its own template to the env's messages
                     convs = [episodes[i].env.infos[p.agent]["messages"] for i, p, _ in reqs]
                     outs = gen.generate_messages(convs, [r[2] for r in reqs])
                 else:
                     outs = gen.generate([r[1].prompt_ids for r in reqs], [r[2] for r in reqs])
                 t_gen += time.perf_counter() - t0
-                calls[group] += 1
+                name = "+".join(unit)
+                calls[name] += 1
                 if len(outs) != len(reqs):
                     raise RuntimeError(
-                        f"backend of group {group!r} returned {len(outs)} outputs for {len(reqs)}"
+                        f"backend of group {name!r} returned {len(outs)} outputs for {len(reqs)}"
                     )
-                tok = self.tokenizers[group]
                 t0 = time.perf_counter()
                 for (i, pending, _sp), out in zip(reqs, outs, strict=True):
+                    tok = self.tokenizers[pending.model_group]
                     pending.output = out
                     # a backend that received text back (openai) gives it exactly: local ids may not decode to it
                     text = (out.meta or {}).get("env_text")

@@ -210,6 +210,47 @@ class ModelGroupWorker:
         return self.backend.generate(prompt_ids, sampling)
 
     @property
+    def mixed_batch_key(self) -> int | None:
+        """Groups whose workers give the same non-``None`` key hold their LoRA adapters on one ``PeftModel``
+        that one HF backend samples with (``share_model``, the CPU default), so one batched call serves all
+        their rows (:meth:`generate_mixed`). ``None``: this group generates alone (full fine-tuning, a private
+        backend copy, which holds only its own group's synced adapter, or another backend kind)."""
+        from mas_train.backends.hf import HFBackend
+
+        if self.peft_model is None or not isinstance(self.backend, HFBackend) or not self.backend.share_model:
+            return None
+        return id(self.peft_model) if self.backend.model is self.peft_model else None
+
+    def generate_mixed(self, prompt_ids, sampling, workers: Sequence[ModelGroupWorker]):
+        """One batched ``generate`` over the rows of several model groups sharing this worker's base model:
+        row i samples with ``workers[i]``'s adapter (PEFT mixed-adapter batch, see
+        :meth:`~mas_train.backends.hf.HFBackend.generate`) and is stamped with ``workers[i]``'s
+        ``weight_version`` (its synced weights are the very tensors that ran). Ids, sampling logprobs, seeds and
+        stop strings equal those of one :meth:`generate` call per group, up to float rounding of the logprobs.
+
+        Args:
+            prompt_ids: N prompts of token ids; sampling: one :class:`SamplingParams` or N of them.
+            workers: N workers (this one included or not), all with this worker's :attr:`mixed_batch_key`.
+
+        Raises:
+            ValueError: ``len(workers) != N``, or a worker that cannot share this call (another or no
+                :attr:`mixed_batch_key`): call :meth:`generate` per group instead.
+        """
+        key = self.mixed_batch_key
+        if len(workers) != len(prompt_ids):
+            raise ValueError(f"got {len(workers)} workers for {len(prompt_ids)} prompts; pass one per prompt")
+        strangers = sorted({w.group for w in workers if key is None or w.mixed_batch_key != key})
+        if strangers:
+            raise ValueError(
+                f"model groups {strangers} do not share model group {self.group!r}'s base model and backend; "
+                "generate their rows with one generate() call per group"
+            )
+        outs = self.backend.generate(prompt_ids, sampling, adapters=[w.adapter for w in workers])
+        for out, w in zip(outs, workers, strict=True):
+            out.weight_version = w.weight_version
+        return outs
+
+    @property
     def wants_messages(self) -> bool:
         """Whether the backend takes chat messages rather than token ids (a chat endpoint)."""
         return bool(getattr(self.backend, "wants_messages", False))

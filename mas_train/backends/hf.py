@@ -12,7 +12,12 @@ instead of ``model.generate``, for three reasons:
 * stop strings end a row at the token that completes them and the finish reason says which one;
 * a finished row leaves the batch (and the KV cache) at once, so one long completion does not make the
   others pay for padding steps;
-* identical prompts in a batch are prefilled once (see below).
+* identical prompts in a batch are prefilled once (see below);
+* rows may name their own LoRA adapter (``generate(..., adapters=[...])`` on a ``peft.PeftModel``): PEFT's
+  mixed-adapter batch (``adapter_names=`` on every forward) adds each row's own ``B A x`` to the shared base
+  output, so agents whose adapters sit on one base sample in one call, each row exactly as in a call with its
+  adapter active (up to float rounding of the sub-batch matmuls). PEFT refuses it in training mode (sampling
+  runs in eval mode), with merged adapters and with DoRA.
 
 Prompt sharing: GRPO-style rollouts reset the G copies of a task group to the same task, so on the first tick
 of every group the G prompts are identical token sequences (``num_generations`` copies of one prompt). Prefill
@@ -31,6 +36,10 @@ keeps its own generator, temperature, truncation and stop strings, so a seeded r
 Logprobs are ``log_softmax(logits / temperature)[token]`` (natural log, fp32; greedy: temperature 1), the
 quantity TRL's trainer recomputes and SGLang returns, so importance ratios compare like with like. Top-p/top-k
 truncation restricts which tokens can be drawn but is not folded into the reported logprob (as in SGLang).
+
+The backend stays one file: prefill sharing, finished-row dropping and per-row adapters all edit the same batch
+state (KV cache, mask, live rows, adapter names) of one decode loop, and splitting them would spread that
+state's invariants over modules (sampling itself lives in :mod:`mas_train.backends.sampling`).
 """
 
 from __future__ import annotations
@@ -165,18 +174,27 @@ class HFBackend:
         self,
         prompt_ids: Sequence[Sequence[int]],
         sampling: SamplingParams | Sequence[SamplingParams],
+        *,
+        adapters: Sequence[str] | None = None,
     ) -> list[GenerationOutput]:
         """Sample one completion per prompt (see :meth:`GenerationBackend.generate`).
 
         Args:
             prompt_ids: N non-empty prompts of token ids in ``[0, vocab_size)``.
             sampling: one :class:`SamplingParams` for all, or N of them.
+            adapters: N LoRA adapter names, one per prompt, when the model is a ``peft.PeftModel``: row i then
+                runs with adapter ``adapters[i]`` whatever adapter is active (PEFT's mixed-adapter batch,
+                ``adapter_names=`` on every forward; each LoRA layer adds ``B A x`` of each row's own adapter
+                to the shared base output). ``None`` (default): every row uses the model as it is. Rows of
+                different adapters never share a prefill (their keys and values differ).
 
         Returns:
             N :class:`GenerationOutput` in prompt order; ``meta["seed"]`` is the seed the row sampled with.
 
         Raises:
-            ValueError: empty prompt, id out of range, or ``len(sampling) != N``.
+            ValueError: empty prompt, id out of range, ``len(sampling) != N``; ``adapters`` of the wrong
+                length, on a model without PEFT adapters, naming an adapter the model lacks, or while an
+                adapter is merged into the base weights (PEFT cannot mix merged adapters).
             RuntimeError: the backend is asleep or closed.
         """
         self._check_usable()
@@ -195,17 +213,22 @@ class HFBackend:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
             if min(p) < 0 or max(p) >= self.vocab_size:
                 raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size})")
+        names = self._check_adapters(adapters, n)
         seeds = [sp.seed if sp.seed is not None else self._rng.randrange(2**63) for sp in params]
         version = self.weight_version
         # identical prompts sort next to each other, so a batch split keeps duplicates together for prefill sharing
-        order = sorted(range(n), key=lambda i: (-len(prompts[i]), prompts[i]))
+        order = sorted(range(n), key=lambda i: (-len(prompts[i]), prompts[i], names[i] if names else ""))
         step = self.max_batch_size or max(n, 1)
         results: list[GenerationOutput | None] = [None] * n
         with torch.inference_mode(), self._eval_mode():
             for start in range(0, n, step):
                 idx = order[start : start + step]
                 outs = self._generate_batch(
-                    [prompts[i] for i in idx], [params[i] for i in idx], [seeds[i] for i in idx], version
+                    [prompts[i] for i in idx],
+                    [params[i] for i in idx],
+                    [seeds[i] for i in idx],
+                    version,
+                    [names[i] for i in idx] if names else None,
                 )
                 for i, out in zip(idx, outs, strict=True):
                     results[i] = out
@@ -292,6 +315,28 @@ class HFBackend:
         if self._asleep:
             raise RuntimeError("HFBackend is asleep; call wake() before generate()")
 
+    def _check_adapters(self, adapters: Sequence[str] | None, n: int) -> list[str] | None:
+        if adapters is None:
+            return None
+        names = [str(a) for a in adapters]
+        if len(names) != n:
+            raise ValueError(f"got {len(names)} adapter names for {n} prompts; pass one per prompt")
+        known = getattr(self._model, "peft_config", None)
+        if not isinstance(known, Mapping):
+            raise ValueError(
+                "adapters= needs a peft.PeftModel with LoRA adapters; this backend's model has none "
+                "(drop adapters= or build the backend on the PeftModel)"
+            )
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ValueError(f"adapters {unknown} are not adapters of the model; it has {sorted(known)}")
+        if any(getattr(m, "merged", False) for m in self._model.modules() if hasattr(m, "lora_A")):
+            raise ValueError(
+                "adapters= cannot run while a LoRA adapter is merged into the base weights "
+                "(PEFT's mixed-adapter batches need unmerged adapters); call unmerge_adapter() first"
+            )
+        return names
+
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
         # A shared trainer module may be in train mode (dropout); sample in eval mode and restore it after.
@@ -302,7 +347,14 @@ class HFBackend:
         finally:
             self._model.train(was_training)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> tuple:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        cache: Any,
+        adapters: list[str] | None = None,
+    ) -> tuple:
         kwargs: dict[str, Any] = {
             "input_ids": ids,
             "attention_mask": mask,
@@ -312,6 +364,8 @@ class HFBackend:
         }
         if self._keep_last_logits:
             kwargs["logits_to_keep"] = 1  # prefill would otherwise materialise B x L x vocab logits
+        if adapters is not None:
+            kwargs["adapter_names"] = adapters  # PEFT: row i runs with LoRA adapter adapters[i]
         out = self._model(**kwargs)
         new_cache = getattr(out, "cache", None)
         if new_cache is None:
@@ -319,7 +373,12 @@ class HFBackend:
         return out.logits[:, -1, :].float(), new_cache
 
     def _prefill(
-        self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
+        self,
+        prompts: list[list[int]],
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        adapters: list[str] | None = None,
     ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """First forward of a batch: last-position logits (B, V) fp32, the KV cache for all B rows, and the
         (B, W) attention mask and (B, W) positions of the cache's columns (the decode loop extends both).
@@ -330,20 +389,28 @@ class HFBackend:
         also share a long common prefix (a task group's later turns: same system prompt and task, different
         replies), that prefix is prefilled once and only the suffixes are run per prompt (see
         :meth:`_prefill_shared_prefix`).
+
+        With per-row ``adapters`` a prompt is "distinct" per (adapter, prompt): the same tokens under two
+        adapters have different keys and values. The common prefix is shared only when every row uses one
+        adapter.
         """
-        unique: dict[tuple[int, ...], int] = {}
-        inverse = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        tags = adapters if adapters is not None else [""] * len(prompts)
+        unique: dict[tuple[str, tuple[int, ...]], int] = {}
+        inverse = [unique.setdefault((a, tuple(p)), len(unique)) for a, p in zip(tags, prompts, strict=True)]
         if not self._share_prefill:
-            return (*self._forward(ids, mask, pos, None), mask, pos)
-        distinct = [list(p) for p in unique]
-        shared = self._prefill_shared_prefix(distinct)
+            return (*self._forward(ids, mask, pos, None, adapters), mask, pos)
+        distinct = [list(p) for _, p in unique]
+        one_adapter = len(set(tags)) == 1
+        shared = (
+            self._prefill_shared_prefix(distinct, adapters[0] if adapters else None) if one_adapter else None
+        )
         if shared is None and len(unique) == len(prompts):
-            return (*self._forward(ids, mask, pos, None), mask, pos)
+            return (*self._forward(ids, mask, pos, None, adapters), mask, pos)
         if shared is None:
-            firsts = torch.tensor(
-                [inverse.index(u) for u in range(len(unique))], dtype=torch.long, device=ids.device
-            )
-            logits, cache = self._forward(ids[firsts], mask[firsts], pos[firsts], None)
+            first_rows = [inverse.index(u) for u in range(len(unique))]
+            firsts = torch.tensor(first_rows, dtype=torch.long, device=ids.device)
+            sub = [adapters[i] for i in first_rows] if adapters is not None else None
+            logits, cache = self._forward(ids[firsts], mask[firsts], pos[firsts], None, sub)
         else:
             logits, cache, mask, pos = shared
             if len(unique) == len(prompts):
@@ -354,12 +421,12 @@ class HFBackend:
             cache.batch_select_indices(expand)
         except (AttributeError, NotImplementedError):
             self._share_prefill = False
-            return (*self._forward(ids, mask, pos, None), mask, pos)
+            return (*self._forward(ids, mask, pos, None, adapters), mask, pos)
         if shared is None:
             return logits[expand], cache, mask, pos
         return logits[expand], cache, mask[expand], pos[expand]
 
-    def _prefill_shared_prefix(self, distinct: list[list[int]]) -> tuple | None:
+    def _prefill_shared_prefix(self, distinct: list[list[int]], adapter: str | None = None) -> tuple | None:
         """Prefill the distinct prompts' longest common prefix once, then their suffixes together.
 
         Returns ``(logits (D, V), cache, mask (D, P + S), pos (D, P + S))`` for the D distinct prompts, or
@@ -367,7 +434,8 @@ class HFBackend:
         ``_MIN_SHARED_TOKENS`` prefill tokens. Layout: ``[prefix | left-padded suffix]``, so the pad columns sit
         between prefix and suffix with mask 0 and every row's suffix continues the prefix's positions; each row
         attends to exactly its own prompt's tokens at their own positions, as in a full prefill (the logits
-        agree up to float rounding of the differently shaped matmuls).
+        agree up to float rounding of the differently shaped matmuls). ``adapter``: the one LoRA adapter every
+        row uses (passed per row), or ``None``.
         """
         if len(distinct) < 2:
             return None
@@ -382,7 +450,7 @@ class HFBackend:
         pre_ids = torch.tensor([first[:lcp]], dtype=torch.long, device=dev)
         pre_mask = torch.ones_like(pre_ids)
         pre_pos = torch.arange(lcp, device=dev)[None, :]
-        _, cache = self._forward(pre_ids, pre_mask, pre_pos, None)
+        _, cache = self._forward(pre_ids, pre_mask, pre_pos, None, None if adapter is None else [adapter])
         d = len(distinct)
         try:
             cache.batch_select_indices(torch.zeros(d, dtype=torch.long, device=dev))
@@ -398,7 +466,9 @@ class HFBackend:
             suf_mask[i, s - n :] = 1
         mask = torch.cat([pre_mask.expand(d, lcp), suf_mask], dim=1)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(suf_ids, mask, pos[:, lcp:], cache)
+        logits, cache = self._forward(
+            suf_ids, mask, pos[:, lcp:], cache, None if adapter is None else [adapter] * d
+        )
         return logits, cache, mask, pos
 
     def _stop_match(self, ids: list[int], stops: tuple[str, ...], window: int) -> str | None:
@@ -412,7 +482,12 @@ class HFBackend:
         return min(hits, key=lambda s: tail.index(s))
 
     def _generate_batch(
-        self, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int], version: int
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        seeds: list[int],
+        version: int,
+        adapters: list[str] | None = None,
     ) -> list[GenerationOutput]:
         dev = self.device
         b, width = len(prompts), max(len(p) for p in prompts)
@@ -438,7 +513,7 @@ class HFBackend:
         stop_hit: list[str | None] = [None] * b
         rows = list(range(b))  # batch position -> request index; finished rows leave the batch
         eos = self.eos_token_ids
-        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos)
+        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos, adapters)
         # The attention mask of every later step is a prefix of one preallocated buffer (no per-step cat).
         steps = max(sp.max_new_tokens for sp in params)
         cols = mask.shape[1]
@@ -485,7 +560,8 @@ class HFBackend:
                 ids, pos, mask_buf = ids[sel], pos[sel], mask_buf[sel]
                 scale, top_k, top_p, greedy = scale[sel], top_k[sel], top_p[sel], greedy[sel]
                 rows = [rows[j] for j in keep]
-            logits, cache = self._forward(ids, mask_buf[:, :cols], pos, cache)
+            live_adapters = None if adapters is None else [adapters[i] for i in rows]
+            logits, cache = self._forward(ids, mask_buf[:, :cols], pos, cache, live_adapters)
         return [
             GenerationOutput(
                 completion_ids=out_ids[i],

@@ -261,10 +261,10 @@ def _record_prefill_rows(backend: HFBackend) -> list[int]:
     rows: list[int] = []
     forward = backend._forward
 
-    def recording(ids, mask, pos, cache):
+    def recording(ids, mask, pos, cache, adapters=None):
         if cache is None:
             rows.append(ids.shape[0])
-        return forward(ids, mask, pos, cache)
+        return forward(ids, mask, pos, cache, adapters)
 
     backend._forward = recording
     return rows

@@ -12,9 +12,9 @@ def _record_forwards(backend: HFBackend) -> list[tuple[int, int, bool]]:
     calls: list[tuple[int, int, bool]] = []
     forward = backend._forward
 
-    def recording(ids, mask, pos, cache):
+    def recording(ids, mask, pos, cache, adapters=None):
         calls.append((ids.shape[0], ids.shape[1], cache is not None))
-        return forward(ids, mask, pos, cache)
+        return forward(ids, mask, pos, cache, adapters)
 
     backend._forward = recording
     return calls

@@ -2,7 +2,8 @@
 
 ``ScriptEnv``: the solver answers, the verifier approves or rejects; a rejection gives the solver another turn
 (up to ``max_loops`` solver turns). R = 1 when the last solver answer contains the task's answer. A task row
-may set ``"skip_verifier": True`` (the episode ends after the solver, so the verifier never acts).
+may set ``"skip_verifier": True`` (the episode ends after the solver, so the verifier never acts) or
+``"first_agent": "verifier"`` (the verifier acts first; unless it rejects, the episode ends there).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class ScriptEnv(TextAECEnv):
     def start_episode(self, task):
         self.loops = 0
         self.last_answer = ""
-        return "solver"
+        # a row may open with the verifier ("first_agent"), so one tick holds turns of both agents
+        return task.get("first_agent", "solver")
 
     def prompt_messages(self, agent):
         q = self.task["question"]

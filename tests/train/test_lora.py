@@ -329,3 +329,53 @@ def test_initial_adapters_depend_on_the_run_seed_and_group_not_on_the_global_rng
     # the two groups' A matrices differ (same shapes where the ranks agree would otherwise be equal draws)
     first_a_v = next(v for n, v in v1.items() if "lora_A" in n)
     assert not torch.equal(s1[a_solver[0]][: first_a_v.shape[0]], first_a_v)
+
+
+# one of the two rows (every step draws both) opens with the verifier, so the first tick holds both agents' turns
+MIXED_TASKS = [PARITY_TASKS[0], dict(PARITY_TASKS[1], first_agent="verifier")]
+
+
+def _run_two_steps(tmp_path, model, *, mix_adapters):
+    resolved = _cfg(tmp_path, model, f"mix{int(mix_adapters)}", **SHARED).resolve(AGENTS)
+    tr = MultiGroupTrainer(resolved, env_factory=make_parity_env, train_tasks=MIXED_TASKS)
+    tr.collector.mix_adapters = mix_adapters
+    batches, steps = [], []
+    collect = tr.collector.collect
+    tr.collector.collect = lambda *a, **kw: batches.append(collect(*a, **kw)) or batches[-1]
+    try:
+        for _ in range(2):
+            steps.append(tr.train_step()[0])
+        params = _snapshot(tr.pool.worker("solver").peft_model)
+    finally:
+        tr.close()
+    return batches, steps, params
+
+
+def test_shared_lora_one_generate_per_tick_for_both_adapters_changes_nothing(tmp_path, tiny_qwen3_path):
+    mixed, mixed_metrics, mixed_params = _run_two_steps(tmp_path, tiny_qwen3_path, mix_adapters=True)
+    alone, alone_metrics, alone_params = _run_two_steps(tmp_path, tiny_qwen3_path, mix_adapters=False)
+    for m, a in zip(mixed, alone, strict=True):
+        assert m.ticks == a.ticks
+        # every tick is one call: both agents' turns of a tick share it (the first tick holds both)
+        assert sum(m.generate_calls.values()) == m.ticks < sum(a.generate_calls.values())
+        assert m.generate_calls.get("solver+verifier", 0) >= 1 and set(a.generate_calls) <= set(AGENTS)
+        assert len(m.samples) == len(a.samples)
+        for sm, sa in zip(m.samples, a.samples, strict=True):
+            assert (sm.agent, sm.model_group, sm.traj_uid, sm.turn) == (
+                sa.agent,
+                sa.model_group,
+                sa.traj_uid,
+                sa.turn,
+            )
+            assert sm.prompt_ids == sa.prompt_ids and sm.completion_ids == sa.completion_ids
+            assert sm.weight_version == sa.weight_version and sm.finish_reason == sa.finish_reason
+            assert torch.allclose(
+                torch.tensor(sm.sampling_logprobs), torch.tensor(sa.sampling_logprobs), atol=1e-5
+            )
+    # step 2 samples with the adapters step 1 trained (B != 0, different per agent): still the same rows
+    assert {s.weight_version for s in mixed[1].samples} == {1}
+    for mm, am in zip(mixed_metrics, alone_metrics, strict=True):
+        for key in ("losses/loss/solver", "losses/loss/verifier", "losses/grad_norm/solver", "charts/reward"):
+            assert mm[key] == pytest.approx(am[key], rel=1e-4, abs=1e-6), key
+    for name, p in mixed_params.items():
+        assert torch.allclose(p, alone_params[name], atol=1e-6), name
