@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,10 +220,15 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
         # Held-out means held out: a procedural generator repeats questions across seeds, a file may too.
         from mas_envs.data import drop_overlap
 
-        try:
-            train = drop_overlap(train, evals, what="training")
+        try:  # its count goes into the start-up banner, not a Python warning with a source line
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                train = drop_overlap(train, evals, what="training")
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        notes = [str(w.message) for w in caught]
+    else:
+        notes = []
     return RunPlan(
         config=cfg,
         resolved=resolved,
@@ -232,7 +238,7 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
         eval_tasks=evals,
         checkpoint=ckpt,
         changes=changes,
-        warnings=list(getattr(probe.unwrapped, "startup_warnings", list)()),
+        warnings=[*notes, *getattr(probe.unwrapped, "startup_warnings", list)()],
     )
 
 
