@@ -272,6 +272,12 @@ def cli_overrides(
     def add(path: tuple[str, ...], text: Any, flag: str) -> None:
         tp = field_type(cls, path)
         if dataclasses.is_dataclass(unwrap_optional(tp)[0]):  # --section none (build_argparser)
+            if len(path) > 1:
+                # a nested section left unset inherits the top-level one, so 'none' there could not mean "off"
+                raise ConfigError(
+                    f"{flag} cannot be switched off on its own (unset, it inherits --{path[-1]}); switch the "
+                    f"top-level one off (--{path[-1]} none) and set {flag}.<name> where you want it"
+                )
             if str(text).strip().lower() not in ("none", "null"):
                 raise ConfigError(f"{flag} takes only 'none' (off); set its fields with {flag}.<name> VALUE")
             pairs.append((path, None))

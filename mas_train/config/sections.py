@@ -143,8 +143,8 @@ class ModelGroupConfig:
     )
     dtype: str | None = _help(f"Weights dtype, one of {list(DTYPES)}. None = top level.", default=None)
     lora: LoraConfig | None = _help(
-        "Train a LoRA adapter instead of all weights. None = full fine-tuning (model_sharing shared_lora: a "
-        "default adapter).",
+        "Train a LoRA adapter instead of all weights. None = the top-level lora (None there too: full "
+        "fine-tuning; model_sharing shared_lora: a default adapter).",
         default=None,
     )
     micro_batch_size: int | None = _help(

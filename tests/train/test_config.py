@@ -550,6 +550,9 @@ def test_top_level_lora_is_every_trainable_groups_default_and_can_be_switched_of
     assert parse_args(["--lora", "none"]).lora is None
     with pytest.raises(ConfigError, match=r"--lora takes only 'none' \(off\)"):
         parse_args(["--lora", "yes"])
+    # a group's unset lora inherits the top-level one: 'none' there would be accepted and not honoured
+    with pytest.raises(ConfigError, match=r"--model_groups.solver.lora cannot be switched off on its own"):
+        parse_args(["--model_sharing", "per_agent", "--lora.r", "4", "--model_groups.solver.lora", "none"])
 
 
 def test_checkpoint_and_eval_cadence_fields():
