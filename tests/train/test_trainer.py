@@ -168,8 +168,13 @@ def _prefixed_samples(seed=0):
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.parametrize("lora", [False, True])
-def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, tmp_path, lora):
+def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, tmp_path, lora, monkeypatch):
+    import mas_train.update as update_module
     from mas_train.prefix import common_prefix_len
+
+    calls = []  # the shared path must really run (one call per micro-batch of the shared trainer)
+    real = update_module.prefix_logps
+    monkeypatch.setattr(update_module, "prefix_logps", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     samples = _prefixed_samples()
     assert common_prefix_len([s.prompt_ids for s in samples[:4]]) == 20
@@ -197,7 +202,8 @@ def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, t
     g_shared, g_plain = _capture_grads(shared), _capture_grads(plain)
     m_shared = shared.update(samples, ADV, agent_grad_norms=True)
     m_plain = plain.update(samples, ADV, agent_grad_norms=True)
-    assert shared.share_prefix  # the tiny Qwen3's cache can be broadcast: the shared path really ran
+    assert shared.share_prefix  # the tiny Qwen3's cache can be broadcast
+    assert len(calls) == 4  # solver 4 samples + verifier 3, micro-batches of 2 per agent: 2 + 2 forwards
     assert g_shared[0].keys() == g_plain[0].keys() and g_plain[0]
     for k in g_plain[0]:
         torch.testing.assert_close(g_shared[0][k], g_plain[0][k], rtol=1e-4, atol=1e-6)
