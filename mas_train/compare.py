@@ -18,7 +18,11 @@ mean ± std over seeds (sample std, ``ddof=1``; none with one seed) of:
 * per agent, the median, 95th percentile and max of ``losses/grad_norm/<agent>`` over the steps, and the number
   of *spike steps*: a step whose norm exceeds 3x the median of the norms of the up to 10 steps before it (the
   first step, having none before it, is never a spike);
-* per agent, the mean over steps of the Lemma 4.2 factor ``lemma/factor/<agent>``.
+* per agent, the mean over steps of the Lemma 4.2 factor ``lemma/factor/<agent>``;
+* whether the factor predicts the norms: Spearman's rank correlation between ``lemma/factor/<agent>`` and
+  ``losses/grad_norm/<agent>`` over the (run, step, agent) points of the mode where both are logged and the norm
+  is non-zero (pooled over seeds and agents; ties get their average rank);
+* the modes ranked by mean final ``avg@k`` (the paper's Table 3 order is grpo < agent_mean < agent_std < drmas).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "is_finished",
     "main",
     "run_comparison",
+    "spearman",
     "summarize_run",
     "train_one",
 ]
@@ -77,6 +82,7 @@ class RunSummary:
         gain_avg: ``avg@k`` of the last eval line minus the first (None with fewer than two eval lines).
         grad: per agent ``{"median", "p95", "max", "spikes", "steps"}`` of ``losses/grad_norm/<agent>``.
         factor: per agent, mean of ``lemma/factor/<agent>`` over steps.
+        factor_norm: ``(factor, grad norm)`` of every (step, agent) where both are logged and the norm is > 0.
     """
 
     run_dir: str
@@ -88,6 +94,26 @@ class RunSummary:
     gain_avg: float | None = None
     grad: dict[str, dict[str, float]] = field(default_factory=dict)
     factor: dict[str, float] = field(default_factory=dict)
+    factor_norm: list[tuple[float, float]] = field(default_factory=list)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of two equal-length samples (Pearson's r of their ranks; ties averaged).
+
+    Returns:
+        rho in [-1, 1], or None with fewer than 3 points or when either sample is constant.
+    """
+    import pandas as pd  # a dependency of `datasets`; its rank() averages ties as Spearman's rho needs
+
+    if len(x) != len(y):
+        raise ValueError(f"spearman needs samples of equal length, got {len(x)} and {len(y)}")
+    if len(x) < 3:
+        return None
+    rx = pd.Series(x, dtype="float64").rank().to_numpy()
+    ry = pd.Series(y, dtype="float64").rank().to_numpy()
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:
@@ -129,7 +155,10 @@ def summarize_run(run_dir: str | Path, metrics: RunMetrics | None = None) -> Run
             "steps": float(len(norms)),
         }
     for key in m.keys("lemma/factor/"):
-        s.factor[key.split("/", 2)[2]] = float(np.mean(m.get(key)[1]))
+        agent = key.split("/", 2)[2]
+        s.factor[agent] = float(np.mean(m.get(key)[1]))
+        norms = dict(zip(*m.get(f"losses/grad_norm/{agent}"), strict=True))
+        s.factor_norm += [(f, norms[st]) for st, f in zip(*m.get(key), strict=True) if norms.get(st, 0) > 0]
     return s
 
 
@@ -194,16 +223,30 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
                 for a in agents
             },
             "factor": {a: _agg([r.factor.get(a) for r in rs]) for a in f_agents},
+            "factor_norm_spearman": {
+                "rho": spearman(*zip(*pts, strict=True))
+                if (pts := [p for r in rs for p in r.factor_norm])
+                else None,
+                "points": len(pts),
+            },
         }
     files = _report_plots(by_mode, metrics, out)
-    summary = {"modes": modes, "runs": [r.__dict__ for r in runs], "files": [str(p) for p in files]}
+    ranked = sorted(
+        (m["final_avg"]["mean"], mode) for mode, m in modes.items() if m["final_avg"]["mean"] is not None
+    )
+    summary = {
+        "modes": modes,
+        "ranking": [mode for _, mode in ranked],
+        "runs": [r.__dict__ for r in runs],
+        "files": [str(p) for p in files],
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(_markdown(modes, files, out), encoding="utf-8")
+    (out / "summary.md").write_text(_markdown(modes, summary["ranking"], files, out), encoding="utf-8")
     summary["files"] = [str(out / "summary.md"), str(out / "summary.json"), *summary["files"]]
     return summary
 
 
-def _markdown(modes: dict[str, Any], files: Sequence[Path], out: Path) -> str:
+def _markdown(modes: dict[str, Any], ranking: Sequence[str], files: Sequence[Path], out: Path) -> str:
     lines = ["# mas-compare: advantage modes", ""]
     lines.append("Mean ± std over seeds (sample std; none with one seed). Gain = last − first eval line.")
     lines += ["", "| mode | seeds | final avg@k | final pass@k | gain avg@k |", "|---|---|---|---|---|"]
@@ -229,6 +272,19 @@ def _markdown(modes: dict[str, Any], files: Sequence[Path], out: Path) -> str:
             cells.append(_fmt(g["spikes"], 1) if g else "–")
             cells.append(_fmt(m["factor"][a]) if a in m["factor"] else "–")
             lines.append(f"| {mode} | {a} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Does the factor predict the norms? Spearman's ρ between `lemma/factor/<agent>` and "
+        "`losses/grad_norm/<agent>` over the (run, step, agent) points with a non-zero norm:",
+        "",
+        "| mode | ρ | points |",
+        "|---|---|---|",
+    ]
+    for mode, m in modes.items():
+        rho, n = m["factor_norm_spearman"]["rho"], m["factor_norm_spearman"]["points"]
+        lines.append(f"| {mode} | {'–' if rho is None else f'{rho:.2f}'} | {n} |")
+    if ranking:
+        lines += ["", "Modes by mean final avg@k, lowest first: " + " < ".join(ranking) + "."]
     lines += [""] + [f"![{p.stem}]({p.relative_to(out)})" for p in files] + [""]
     return "\n".join(lines)
 

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 from _fake_runs import write_fake_run
 
-from mas_train.compare import build_report, count_spikes, is_finished, main, run_comparison, summarize_run
+from mas_train.compare import (
+    build_report,
+    count_spikes,
+    is_finished,
+    main,
+    run_comparison,
+    spearman,
+    summarize_run,
+)
 
 SPIKY = [1, 1, 5, 1, 3, 1, 1, 9, 1, 1, 1, 1]  # spikes at steps 3 and 8; 3.0 is not > 3 x median 1
 
@@ -78,6 +87,25 @@ def test_report_from_fake_runs(tmp_path):
     )
     for name in ["reward.png", "grad_norm_solver.png", "grad_norm_verifier.png", "lemma_factor.png"]:
         assert (out / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in md
+    # drmas, pooled over 2 seeds x 2 agents x 12 steps: the 24 solver points (factor 1.00..1.11, norm 1) all rank
+    # below the 24 verifier points (1.50..1.61, norm 2). Factor ranks are 1.5, 3.5, ..., 47.5 (each twice; 24
+    # values spaced 2, population variance 4 * (24**2 - 1) / 12), the norm ranks two-valued: the point-biserial
+    # r = (36.5 - 12.5) * sqrt(0.5 * 0.5) / sqrt(variance)
+    rho = drmas["factor_norm_spearman"]
+    assert rho["points"] == 48 and rho["rho"] == pytest.approx(12 / math.sqrt(4 * 575 / 12))
+    assert summary["ranking"] == ["grpo", "drmas"]
+    assert "Modes by mean final avg@k, lowest first: grpo < drmas." in md
+    assert f"| drmas | {rho['rho']:.2f} | 48 |" in md
+
+
+def test_spearman_hand_values():
+    # d = ranks(x) - ranks(y) = (0, 1, -1, 0): rho = 1 - 6 * 2 / (4 * (16 - 1)) = 0.8
+    assert spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
+    # tied x: ranks (1.5, 1.5, 3) vs (1, 2, 3): cov 1.5, var 1.5 and 2 -> 1.5 / sqrt(3)
+    assert spearman([5, 5, 7], [1, 2, 3]) == pytest.approx(1.5 / math.sqrt(3))
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+    with pytest.raises(ValueError, match="equal length"):
+        spearman([1, 2, 3], [1, 2])
 
 
 def test_report_errors(tmp_path, capsys):
