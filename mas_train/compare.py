@@ -5,7 +5,8 @@ Two ways in::
     mas-compare --config run.yaml --modes drmas,grpo --seeds 0,1,2 --out DIR [other mas-train flags]
     mas-compare --runs RUN_DIR [RUN_DIR ...] --out DIR            # report only, from finished runs
 
-Training runs each (mode, seed) in turn, in process, into ``DIR/runs/<mode>__seed<k>``. It is resumable: a run
+Training runs each (mode, seed) in turn, in process, into ``DIR/runs/<mode>__seed<k>`` (``--pool ray``: each run
+a Ray task, as many at once as the cluster has room for, ``--run_cpus`` / ``--run_gpus`` each). It is resumable: a run
 whose folder already holds a checkpoint at ``max_steps`` (and, when evaluation is on, an eval line at
 ``max_steps``) is not re-run; an unfinished one resumes from its newest checkpoint.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -410,6 +412,13 @@ def is_finished(run_dir: str | Path, max_steps: int, eval_on: bool) -> bool:
     return any(_EVAL_KEY.match(k) and max_steps in m.get(k)[0] for k in m.series)
 
 
+def _train_argv(argv: Sequence[str]) -> str:
+    """Parse ``argv`` and train it to the end (the body of one ``--pool ray`` task); returns the run folder."""
+    from mas_train.config import parse_args
+
+    return str(train_one(parse_args(list(argv)))["run_dir"])
+
+
 def run_comparison(
     train_argv: Sequence[str],
     modes: Sequence[str],
@@ -418,24 +427,42 @@ def run_comparison(
     *,
     train_fn: Callable[[Any], dict[str, Any]] | None = None,
     log: Callable[[str], None] = print,
+    pool: str = "local",
+    run_cpus: float = 1.0,
+    run_gpus: float = 0.0,
 ) -> tuple[list[Path], list[Path]]:
-    """Train every (mode, seed) not finished yet into ``OUT/runs/<mode>__seed<k>``, sequentially.
+    """Train every (mode, seed) not finished yet into ``OUT/runs/<mode>__seed<k>``.
 
     Args:
         train_argv: mas-train flags shared by all runs (e.g. ``["--config", "run.yaml"]``); must not set
             ``--advantage_mode``, ``--seed``, ``--output_dir``, ``--run_name`` or ``--resume``.
         modes, seeds: the grid.
         out_dir: the comparison folder.
-        train_fn: trains one ``TrainConfig`` (default :func:`train_one`, looked up at call time).
+        train_fn: trains one ``TrainConfig`` (default :func:`train_one`, looked up at call time); ``pool="local"``
+            only.
+        pool: ``"local"``: one run after the other in this process. ``"ray"``: every run is a Ray task asking
+            for ``run_cpus`` CPUs and ``run_gpus`` GPUs, so Ray runs as many at once as the cluster (a local
+            one, or ``RAY_ADDRESS``) has room for; each run's own workers stay in its task (``pool: local``
+            inside), and Ray sets the task's ``OMP_NUM_THREADS`` to its CPUs.
 
     Returns:
         ``(all run folders, the ones trained by this call)``.
 
     Raises:
-        ConfigError: bad flags (parsed for every run before any training starts).
+        ConfigError: bad flags (parsed for every run before any training starts), or a run that asks for
+            ``pool: ray`` itself under ``pool="ray"``.
+        ValueError: an unknown ``pool``, or ``train_fn`` with ``pool="ray"``.
+        RuntimeError: ``pool="ray"`` runs that failed (named; the others are finished first).
     """
+    from mas_train.checkpoint import list_checkpoints
     from mas_train.config import ConfigError, parse_args
 
+    if pool not in ("local", "ray"):
+        raise ValueError(
+            f"unknown pool {pool!r}; use 'local' (one run after the other) or 'ray' (concurrent)"
+        )
+    if pool == "ray" and train_fn is not None:
+        raise ValueError("train_fn is for pool='local'; Ray tasks train with mas_train.trainer.train")
     train_fn = train_fn or train_one
     for flag in train_argv:
         if flag.split("=", 1)[0] in _RESERVED:
@@ -447,27 +474,76 @@ def run_comparison(
             name = f"{mode}__seed{seed}"
             argv = [*train_argv, "--advantage_mode", mode, "--seed", str(seed)]
             argv += ["--output_dir", str(runs_root), "--run_name", name]
-            plan.append((runs_root / name, parse_args(argv), argv))
-    trained = []
+            cfg = parse_args(argv)
+            if pool == "ray" and cfg.pool == "ray":
+                raise ConfigError(
+                    "mas-compare --pool ray runs each training as one Ray task; set the runs' own pool to "
+                    "local (remove pool: ray from their config)"
+                )
+            plan.append((runs_root / name, cfg, argv))
+    todo = []
     for run_dir, cfg, argv in plan:
         if is_finished(run_dir, cfg.max_steps, bool(cfg.eval_steps)):
             log(f"mas-compare: {run_dir.name} is finished; not re-run")
             continue
-        from mas_train.checkpoint import list_checkpoints
-
         if list_checkpoints(run_dir):
-            cfg = parse_args([*argv, "--resume", str(run_dir)])
+            argv = [*argv, "--resume", str(run_dir)]
             log(f"mas-compare: {run_dir.name} resumes from its newest checkpoint")
         elif run_dir.exists():
             stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
             run_dir.rename(stale)
             log(f"mas-compare: {run_dir.name} has no checkpoint; its old folder moved to {stale.name}")
-        log(f"mas-compare: training {run_dir.name}")
-        summary = train_fn(cfg)
-        if Path(summary["run_dir"]).resolve() != run_dir.resolve():
-            raise RuntimeError(f"train_fn wrote into {summary['run_dir']}, expected {run_dir}")
-        trained.append(run_dir)
+        todo.append((run_dir, argv))
+    if pool == "ray":
+        trained = _train_on_ray(todo, run_cpus, run_gpus, log)
+    else:
+        trained = []
+        for run_dir, argv in todo:
+            log(f"mas-compare: training {run_dir.name}")
+            summary = train_fn(parse_args(argv))
+            if Path(summary["run_dir"]).resolve() != run_dir.resolve():
+                raise RuntimeError(f"train_fn wrote into {summary['run_dir']}, expected {run_dir}")
+            trained.append(run_dir)
     return [p[0] for p in plan], trained
+
+
+def _train_on_ray(
+    todo: Sequence[tuple[Path, list[str]]], run_cpus: float, run_gpus: float, log: Callable[[str], None]
+) -> list[Path]:
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError("mas-compare --pool ray needs Ray: pip install 'mas-rl[ray]'") from e
+    if not todo:
+        return []
+    owns = not ray.is_initialized()
+    if owns:
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=True)
+    try:
+        task = ray.remote(num_cpus=run_cpus, num_gpus=run_gpus, max_retries=0)(_train_argv)
+        refs = {task.remote(argv): run_dir for run_dir, argv in todo}
+        log(
+            f"mas-compare: {len(refs)} runs as Ray tasks ({run_cpus:g} CPU, {run_gpus:g} GPU each; "
+            f"cluster {ray.cluster_resources().get('CPU', 0):g} CPU)"
+        )
+        trained, failed, pending = [], [], list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            run_dir = refs[done[0]]
+            try:
+                ray.get(done[0])
+            except Exception as err:  # noqa: BLE001 - a failed run is named and the others go on
+                failed.append(f"{run_dir.name}: {str(err).strip().splitlines()[-1]}")
+                log(f"mas-compare: {run_dir.name} failed")
+                continue
+            log(f"mas-compare: {run_dir.name} finished")
+            trained.append(run_dir)
+    finally:
+        if owns:
+            ray.shutdown()
+    if failed:
+        raise RuntimeError("mas-compare: runs failed (the others finished): " + "; ".join(failed))
+    return trained
 
 
 def _csv(text: str, name: str) -> list[str]:
@@ -489,6 +565,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--modes", default="drmas,grpo", help="comma-separated advantage modes (default drmas,grpo)"
     )
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    ap.add_argument(
+        "--pool",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one run after the other in this process (default); ray: every run a Ray task, as many at "
+        "once as the cluster fits (--run_cpus/--run_gpus each); the runs' own workers stay in their task",
+    )
+    ap.add_argument("--run_cpus", type=float, default=1.0, help="CPUs per run with --pool ray (default 1)")
+    ap.add_argument("--run_gpus", type=float, default=0.0, help="GPUs per run with --pool ray (default 0)")
     args, rest = ap.parse_known_args(argv)
     try:
         if args.runs is not None:
@@ -506,9 +591,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seeds = [int(s) for s in _csv(args.seeds, "--seeds")]
             except ValueError:
                 ap.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-            run_dirs, _ = run_comparison(rest, modes, seeds, args.out)
+            run_dirs, _ = run_comparison(
+                rest, modes, seeds, args.out, pool=args.pool, run_cpus=args.run_cpus, run_gpus=args.run_gpus
+            )
         summary = build_report(run_dirs, args.out)
-    except (FileNotFoundError, ValueError, argparse.ArgumentTypeError) as err:
+    except (FileNotFoundError, ValueError, RuntimeError, ImportError, argparse.ArgumentTypeError) as err:
         print(f"mas-compare: error: {err}", file=sys.stderr)
         return 2
     for p in summary["files"]:

@@ -159,3 +159,39 @@ def test_tiny_end_to_end_two_modes_then_rerun_trains_nothing(tmp_path, tiny_qwen
     monkeypatch.setattr(compare, "train_one", lambda cfg: calls.append(cfg) or {})
     assert main(argv) == 0
     assert calls == [] and "finished; not re-run" in capsys.readouterr().out
+
+
+def test_pool_ray_refusals(tmp_path):
+    from mas_train.config import ConfigError
+
+    flags = ["--env", "math-2agent", "--max_steps", "1"]
+    with pytest.raises(ValueError, match="unknown pool 'slurm'"):
+        run_comparison(flags, ["drmas"], [0], tmp_path, pool="slurm")
+    with pytest.raises(ValueError, match="train_fn is for pool='local'"):
+        run_comparison(flags, ["drmas"], [0], tmp_path, pool="ray", train_fn=lambda cfg: {})
+    with pytest.raises(ConfigError, match="set the runs' own pool to local"):
+        run_comparison([*flags, "--pool", "ray"], ["drmas"], [0], tmp_path, pool="ray")
+
+
+@pytest.mark.slow
+def test_tiny_two_modes_as_concurrent_ray_tasks(tmp_path, tiny_qwen3_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    argv = [
+        "--out",
+        str(tmp_path),
+        "--modes",
+        "drmas,grpo",
+        "--seeds",
+        "0",
+        "--pool",
+        "ray",
+        "--run_cpus",
+        "1",
+    ]
+    argv += ["--env", "math-2agent", "--model", "tiny-qwen3", "--max_steps", "1", "--num_generations", "2"]
+    argv += ["--tasks_per_step", "1", "--sampling.max_new_tokens", "8", "--eval_steps", "0"]
+    argv += ["--report_to", "jsonl"]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert sorted(summary["modes"]) == ["drmas", "grpo"]
+    assert all(is_finished(tmp_path / "runs" / f"{m}__seed0", 1, False) for m in ("drmas", "grpo"))
