@@ -375,7 +375,7 @@ class ModelGroupWorker:
             "group": self.group,
             "agents": list(self.agents),
             "model": self.model_path,
-            "trainable": self.trainer is not None,
+            "trainable": self.trainer is not None or self.ranks is not None,
             "lora": self.adapter is not None,
         }
         if self.ranks is not None:

@@ -125,10 +125,12 @@ def _run(tmp_path, model, name, steps=2, **kw):
             m, _extra = t.train_step()
         for g in t.groups:
             w = t.pool.worker(g)
-            if w.ranks is not None:  # each rank holds half of the weights and of AdamW's two moments
-                sizes = w.ranks.sizes()
-                assert [s["params"] for s in sizes] == [w.num_parameters // 2] * 2, sizes
-                assert [s["optimizer"] for s in sizes] == [w.num_parameters] * 2, sizes
+            if w.ranks is not None:  # each rank holds about half of the weights and of AdamW's two moments
+                sizes = w.ranks.sizes()  # (FSDP2 pads a tensor whose first dim is odd: not exactly half)
+                assert sum(s["params"] for s in sizes) == w.num_parameters, sizes
+                for s in sizes:
+                    assert abs(s["params"] - w.num_parameters / 2) < 0.001 * w.num_parameters, sizes
+                    assert s["optimizer"] == 2 * s["params"], sizes
         return _params(t), m
     finally:
         t.close()
