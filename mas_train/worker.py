@@ -194,16 +194,18 @@ class ModelGroupWorker:
 
     def _init_sharded(self, resolved, g) -> None:
         """``num_ranks > 1``: the ranks hold the trained (sharded) model; this worker keeps a full copy that
-        follows every sync (the backend's source, and what :meth:`save` writes)."""
+        follows every sync (the backend's source, and what :meth:`save` writes): on the run's device for the
+        ``hf`` backend, which generates with it, else in CPU memory (an SGLang engine loads its own weights)."""
         from mas_train.backends import make_backend
         from mas_train.models import load_model_and_tokenizer
         from mas_train.sharded import ShardedRanks
 
         self.ranks = ShardedRanks(resolved, self.group).start()  # they load in the background meanwhile
         try:
+            device = self.device if g.backend == "hf" else "cpu"
             with hf_progress_bars_off():
                 model, tok = load_model_and_tokenizer(
-                    self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=self.device
+                    self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=device
                 )
             model.eval().requires_grad_(False)
             self.tokenizer = tok

@@ -115,6 +115,31 @@ def test_num_ranks_config_top_level_per_group_and_refusals():
         _resolve(trainable=False, model_groups={"shared": {"num_ranks": 2}})
 
 
+def test_sharded_example_configs_give_each_rank_its_own_gpu():
+    from pathlib import Path
+
+    import mas_envs
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "configs"
+    layouts = {}
+    for name in ("qwen3_8b_sharded", "hetero_7b_3b_sharded"):
+        cfg = TrainConfig.from_yaml(folder / f"{name}.yaml")
+        groups = cfg.resolve(list(mas_envs.make(cfg.env).possible_agents)).model_groups.values()
+        gpus = [gpu for g in groups for gpu in g.rank_gpu_ids]
+        assert len(gpus) == len(set(gpus)) <= 8, name  # no GPU trains two ranks
+        for g in groups:  # each group's engine sits on its own ranks' GPUs, TP over all of them
+            assert list(g.rank_gpu_ids) == g.backend_options.gpu_ids, (name, g.name)
+            assert g.backend_options.tp_size == g.num_ranks
+        layouts[name] = {g.name: (g.model, g.num_ranks) for g in groups}
+    assert layouts == {
+        "qwen3_8b_sharded": {"solver": ("Qwen/Qwen3-8B", 4), "verifier": ("Qwen/Qwen3-8B", 4)},
+        "hetero_7b_3b_sharded": {
+            "verifier": ("Qwen/Qwen2.5-7B-Instruct", 4),
+            "search_answer": ("Qwen/Qwen2.5-3B-Instruct", 2),
+        },
+    }
+
+
 # ---------------------------------------------------------------------------------------- multi-process, slow
 
 
