@@ -156,6 +156,10 @@ def _run(tmp_path, model, name, steps=2, **kw):
                 for s in sizes:
                     assert abs(s["params"] - w.num_parameters / 2) < 0.001 * w.num_parameters, sizes
                     assert s["optimizer"] == 2 * s["params"], sizes
+                # the weight sync moves the full fp32 weights to the worker once
+                sync_bytes = sum(v.numel() * v.element_size() for v in w.ranks.full_state_dict().values())
+                print(f"{g}: sync bytes per step {sync_bytes:,}")
+                assert sync_bytes == 4 * w.num_parameters
         return _params(t), m
     finally:
         t.close()
