@@ -350,6 +350,11 @@ class ModelGroupWorker:
             return self.weight_version
         return int(self.backend.update_weights(self._sync_tensors()))
 
+    def rank_sizes(self) -> list[dict[str, int]] | None:
+        """A sharded group's per-rank element counts (``params``: its weight shards, ``optimizer``: its optimizer
+        state), rank 0 first; ``None`` for an unsharded group. See :meth:`~mas_train.sharded.ShardedRanks.sizes`."""
+        return self.ranks.sizes() if self.ranks is not None else None
+
     def _gather(self) -> dict:
         """A sharded group's full weights from its ranks, copied into this worker's full copy too."""
         sd = self.ranks.full_state_dict()

@@ -207,9 +207,17 @@ def _check_sharded(cfg: Any, g: str, num_ranks: int, trainable: bool, lora: Any,
     if float(grpo.get("beta", 0.0) or 0.0) != 0.0:
         raise ConfigError(f"{where}: a sharded group with a KL reference (grpo.beta > 0) is not implemented")
     if cfg.pool == "ray":
-        raise ConfigError(
-            f"{where}: the Ray pool does not start a group's ranks yet; use pool: local (ranks as local processes)"
-        )
+        gcfg = cfg.model_groups.get(g)
+        if gcfg is not None and gcfg.rank_gpu_ids:
+            raise ConfigError(
+                f"model_groups.{g}.rank_gpu_ids: under pool: ray, Ray assigns the group's GPUs; drop it and set "
+                f"model_groups.{g}.num_gpus: {num_ranks}"
+            )
+        if gcfg is not None and 0 < gcfg.num_gpus < num_ranks:
+            raise ConfigError(
+                f"{where} under pool: ray: the group's actor reserves num_gpus = {gcfg.num_gpus}, its ranks need "
+                f"one GPU each: set model_groups.{g}.num_gpus: {num_ranks}"
+            )
 
 
 def _group_lora(cfg: Any, gcfg: Any, trainable: bool, shared_lora: bool) -> LoraConfig | None:

@@ -105,8 +105,11 @@ def test_num_ranks_config_top_level_per_group_and_refusals():
         _resolve(num_ranks=2, lora={"r": 4})
     with pytest.raises(ConfigError, match=r"grpo.beta > 0"):
         _resolve(num_ranks=2, grpo={"beta": 0.1})
-    with pytest.raises(ConfigError, match="Ray pool does not start a group's ranks"):
-        _resolve(num_ranks=2, pool="ray")
+    assert _resolve(num_ranks=2, pool="ray").model_groups["shared"].num_ranks == 2
+    with pytest.raises(ConfigError, match=r"reserves num_gpus = 1.0, its ranks need one GPU each"):
+        _resolve(num_ranks=2, pool="ray", model_groups={"shared": {"num_gpus": 1}})
+    with pytest.raises(ConfigError, match="Ray assigns the group's GPUs"):
+        _resolve(num_ranks=2, pool="ray", model_groups={"shared": {"rank_gpu_ids": [0, 1]}})
     with pytest.raises(ConfigError, match="rank_gpu_ids lists 1 GPUs for num_ranks = 2"):
         _resolve(num_ranks=2, model_groups={"shared": {"rank_gpu_ids": [3]}})
     # a frozen group keeps 1 under the top-level default; asking it for more is refused
@@ -145,13 +148,25 @@ def test_sharded_example_configs_give_each_rank_its_own_gpu():
 
 def _run(tmp_path, model, name, steps=2, **kw):
     t = _trainer(_cfg(tmp_path, model, name, **kw))
+    if t.resolved.config.pool == "ray":
+        try:
+            for _ in range(steps):
+                m, _extra = t.train_step()
+            sizes = t.pool.worker("shared")._call("rank_sizes")  # the actor's group ran on 2 ranks
+            assert len(sizes) == 2 and sizes[0]["params"] < 0.51 * t.pool.worker("shared").num_parameters
+            from safetensors.torch import load_file
+
+            folder = t.save_checkpoint()
+            return {g: load_file(folder / "groups" / g / "model" / "model.safetensors") for g in t.groups}, m
+        finally:
+            t.close()
     try:
         for _ in range(steps):
             m, _extra = t.train_step()
         for g in t.groups:
             w = t.pool.worker(g)
             if w.ranks is not None:  # each rank holds about half of the weights and of AdamW's two moments
-                sizes = w.ranks.sizes()  # (FSDP2 pads a tensor whose first dim is odd: not exactly half)
+                sizes = w.rank_sizes()  # (FSDP2 pads a tensor whose first dim is odd: not exactly half)
                 assert sum(s["params"] for s in sizes) == w.num_parameters, sizes
                 for s in sizes:
                     assert abs(s["params"] - w.num_parameters / 2) < 0.001 * w.num_parameters, sizes
@@ -239,3 +254,29 @@ def test_killing_a_rank_fails_naming_group_and_rank_and_leaves_no_process(tmp_pa
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)]
     assert torch.distributed.is_initialized() is False  # the driver never joined a process group
+
+
+@pytest.mark.slow
+def test_two_ranks_in_a_ray_actor_train_like_one_local_rank(tmp_path, tiny_qwen3_path):
+    """pool: ray: the group's actor starts its 2 ranks inside its bundle; the same weights as 1 local rank."""
+    ray = pytest.importorskip("ray")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    one, m1 = _run(tmp_path, tiny_qwen3_path, "ray-one")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 1024**2,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}},
+    )
+    try:
+        two, m2 = _run(tmp_path, tiny_qwen3_path, "ray-two", num_ranks=2, pool="ray")
+    finally:
+        ray.shutdown()
+    common = {g: {k: v for k, v in one[g].items() if k in two[g]} for g in one}
+    diff = _max_diff(common, two)
+    print(f"ray: max |w_1rank local - w_2rank ray| after 2 steps = {diff:.3g}")
+    assert diff < ATOL and len(common["shared"]) > 10
+    assert m2["losses/loss/shared"] == pytest.approx(m1["losses/loss/shared"], rel=1e-4, abs=1e-6)
