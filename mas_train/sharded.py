@@ -9,7 +9,7 @@ model with ``fully_shard`` over one process group (gloo on CPU, NCCL on GPUs), a
 of the AdamW moments.
 
 Per step the worker sends every rank all of the group's samples; each rank runs its share of the one-rank
-micro-batch plan (:meth:`~mas_train.update.GroupGRPOTrainer.rank_share`), FSDP reduce-scatters the gradients,
+micro-batch plan (:func:`rank_share`), FSDP reduce-scatters the gradients,
 and each rank steps its shard. The weight sync then gathers the full weights onto rank 0
 (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``: one full copy in rank 0's CPU memory, none on
 the other ranks) and hands them to the worker, which pushes them to its backend.
@@ -27,6 +27,7 @@ the ``timeout_s`` deadline. A rank whose parent process is gone exits by itself.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -39,7 +40,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RankFailure", "ShardedRanks", "optimizer_state_by_index", "shard_model"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "RankFailure",
+    "ShardedRanks",
+    "optimizer_state_by_index",
+    "rank_share",
+    "shard_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +83,29 @@ def shard_model(model, mesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
+def rank_share(mbs: list, *, rank: int, world: int) -> tuple[list, list[float]]:
+    """Rank ``rank``'s micro-batches of a one-rank micro-batch plan of ``n`` items for ``world`` ranks, and their loss weights: items
+    ``rank, rank + world, ...`` (weight 1), then the rank's first item again with weight 0 until it has
+    ``ceil(n / world)`` items, so every rank runs the same number of forwards (FSDP's all-gathers are
+    collectives). A rank with no item of its own re-runs item 0 with weight 0.
+
+    Example: 3 items, 2 ranks: rank 0 gets ``[m0, m2]`` weights ``[1, 1]``, rank 1 ``[m1, m1]`` ``[1, 0]``.
+
+    Raises:
+        ValueError: ``mbs`` is empty, or ``rank`` is not in ``[0, world)``.
+    """
+    if not mbs or not 0 <= rank < world:
+        raise ValueError(f"rank_share needs a non-empty plan and 0 <= rank < world, got {rank}/{world}")
+    mine = list(mbs[rank::world])
+    weights = [1.0] * len(mine)
+    per = -(-len(mbs) // world)
+    filler = mine[0] if mine else mbs[0]
+    while len(mine) < per:
+        mine.append(filler)
+        weights.append(0.0)
+    return mine, weights
+
+
 def _param_order(model, optimizer) -> list[str]:
     """Parameter names in the order ``optimizer.state_dict()`` numbers them (param group by param group)."""
     names = {id(p): n for n, p in model.named_parameters()}
@@ -107,9 +138,10 @@ class _Rank:
     def __init__(self, resolved, group: str, rank: int, world: int, init_method: str, timeout_s: float):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
+        from transformers.utils import logging as hf_logging
 
+        from mas_train.group_trainer import _device, _torch_dtype, build_group_trainer
         from mas_train.models import load_model_and_tokenizer, resolve_model_path
-        from mas_train.worker import _device, _torch_dtype, build_group_trainer, hf_progress_bars_off
 
         g = resolved.model_groups[group]
         device = _device(resolved.config.device)
@@ -126,17 +158,25 @@ class _Rank:
             timeout=timedelta(seconds=timeout_s),
         )
         mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world,))
-        with hf_progress_bars_off():
-            model, tok = load_model_and_tokenizer(
-                resolve_model_path(g.model), dtype=_torch_dtype(g.dtype, device), device=device
-            )
+        hf_logging.disable_progress_bar()  # N ranks' "Loading weights" bars would interleave with the run's
+        model, tok = load_model_and_tokenizer(
+            resolve_model_path(g.model), dtype=_torch_dtype(g.dtype, device), device=device
+        )
         shard_model(model, mesh)  # before the trainer, so its optimizer holds the shards
         self.model = model
         self.trainer = build_group_trainer(resolved, group, model, tok, device)
-        self.trainer.shard_rank, self.trainer.shard_world = rank, world
+        self.trainer.shard_world = world
+        self.trainer.shard_plan = functools.partial(rank_share, rank=rank, world=world)
 
     def update(self, samples, advantages) -> dict[str, float]:
-        return self.trainer.update(samples, advantages, agent_grad_norms=False)
+        import torch.distributed as dist
+
+        out = self.trainer.update(samples, advantages, agent_grad_norms=False)
+        # each rank's loss covers its micro-batches: their sum is the one-rank loss
+        t = torch.tensor([out["loss"]], dtype=torch.float64, device=self.trainer.accelerator.device)
+        dist.all_reduce(t)
+        out["loss"] = float(t.item())
+        return out
 
     def sizes(self) -> dict[str, int]:
         """Elements this rank holds: its parameter shards, and its optimizer state tensors."""

@@ -39,16 +39,14 @@ Where this module works around TRL (each checked against trl 1.16.0; re-check th
    to the step's completion tokens scaled by ``steps_per_generation / n_micro``, so TRL's loss normalisers
    see one optimizer step per update whatever the micro-batching.
 6. TRL's per-step metric store ``_metrics["train"]`` is read and cleared after every update.
-7. Sharded groups (:mod:`mas_train.sharded`): every rank receives all of the step's samples, builds the same
-   micro-batch plan as the one-rank update, and runs micro-batches ``rank, rank + N, ...`` of it (a rank short of
-   ``ceil(n_micro / N)`` re-runs its first one with weight 0, so every rank makes as many forwards as FSDP's
-   collectives need). Each micro-batch's loss is TRL's, with the one-rank normalisers (``num_items_in_batch``,
-   ``current_gradient_accumulation_steps = n_micro``), times N because FSDP's reduce-scatter averages over ranks:
-   the reduced gradient is the one-rank gradient's sum in another order. Shared prefixes and per-agent gradient
-   norms are off there (their extra forwards and folds would differ between ranks).
+7. Sharded groups (:mod:`mas_train.sharded`): each rank runs its ``shard_plan`` share of the one-rank micro-batch
+   plan with the one-rank normalisers, its loss times N (FSDP's reduce-scatter averages over ranks); no shared
+   prefixes or per-agent norms there (their extra forwards would differ between ranks).
 8. TRL patches the policy's forward with a fused LM head at the trainer's temperature. Under ``shared_lora``
    several trainers share one base model, so each worker puts its own trainer's patch back before its update
    (``mas_train.worker``), or every group would train at the last group's temperature.
+
+The update and these workarounds stay in one file: each workaround is read against the code it changes.
 """
 
 from __future__ import annotations
@@ -188,9 +186,8 @@ class GroupGRPOTrainer(GRPOTrainer):
             None  # the shared prefix the current micro-batch's rows start with
         )
         self._is_stats: dict[str, list[float]] = defaultdict(list)
-        # set by mas_train.sharded on the ranks of a sharded group: this process's rank and the group's rank count
-        self.shard_rank = 0
-        self.shard_world = 1
+        # set on the ranks of a sharded group (mas_train.sharded): the rank count, and plan -> (share, weights)
+        self.shard_world, self.shard_plan = 1, None
 
     # -- inputs ---------------------------------------------------------------------------------------
     def build_inputs(
@@ -397,7 +394,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         weights = [1.0] * n_micro
         if self.shard_world > 1:  # workaround 7: this rank's share of the one-rank plan
             shared, agent_grad_norms = {}, False
-            mbs, weights = self.rank_share(mbs, self.shard_rank, self.shard_world)
+            mbs, weights = self.shard_plan(mbs)
         prefixes = self._shared_prefixes(samples, shared)
         # Build inputs once per micro-batch; old/ref logps are those of the policy before this update.
         prepared = []
@@ -446,12 +443,9 @@ class GroupGRPOTrainer(GRPOTrainer):
                         loss = self.compute_loss(model, inp)
                 finally:
                     self._is_ctx = None
-                if self.shard_world > 1:
-                    # FSDP averages the ranks' gradients; the one-rank update sums the micro-batches
+                if self.shard_world > 1:  # FSDP averages the ranks' gradients; one rank sums micro-batches
                     loss = loss * (self.shard_world * weight)
-                    losses.append(loss.detach().item() / self.shard_world)
-                else:
-                    losses.append(loss.detach().item())
+                losses.append(loss.detach().item() / self.shard_world)
                 self.accelerator.backward(loss)
             self._prefix = None
             if current in prefixes:
@@ -473,15 +467,8 @@ class GroupGRPOTrainer(GRPOTrainer):
             self.state.global_step += 1
         model.eval()
 
-        loss_sum = sum(losses)
-        if self.shard_world > 1:  # every rank's micro-batches: the one-rank loss
-            import torch.distributed as dist
-
-            t = torch.tensor([loss_sum], dtype=torch.float64, device=self.accelerator.device)
-            dist.all_reduce(t)
-            loss_sum = float(t.item())
         out: dict[str, float] = {
-            "loss": float(loss_sum / max(num_iterations, 1)),
+            "loss": float(sum(losses) / max(num_iterations, 1)),  # this rank's part when sharded
             "grad_norm": grad_norm,
             "learning_rate": float(self.lr_scheduler.get_last_lr()[0]),
             "num_tokens": float(sum(len(s.completion_ids) for s in all_samples)),
@@ -501,29 +488,6 @@ class GroupGRPOTrainer(GRPOTrainer):
             out[key] = float(np.mean(vals))
         self._is_stats.clear()
         return out
-
-    @staticmethod
-    def rank_share(mbs: list, rank: int, world: int) -> tuple[list, list[float]]:
-        """Rank ``rank``'s micro-batches of a plan of ``n`` for ``world`` ranks, and their loss weights: items
-        ``rank, rank + world, ...`` (weight 1), then the rank's first item again with weight 0 until it has
-        ``ceil(n / world)`` items, so every rank runs the same number of forwards (FSDP's all-gathers are
-        collectives). A rank with no item of its own re-runs item 0 with weight 0.
-
-        Example: 3 items, 2 ranks: rank 0 gets ``[m0, m2]`` weights ``[1, 1]``, rank 1 ``[m1, m1]`` ``[1, 0]``.
-
-        Raises:
-            ValueError: ``mbs`` is empty, or ``rank`` is not in ``[0, world)``.
-        """
-        if not mbs or not 0 <= rank < world:
-            raise ValueError(f"rank_share needs a non-empty plan and 0 <= rank < world, got {rank}/{world}")
-        mine = list(mbs[rank::world])
-        weights = [1.0] * len(mine)
-        per = -(-len(mbs) // world)
-        filler = mine[0] if mine else mbs[0]
-        while len(mine) < per:
-            mine.append(filler)
-            weights.append(0.0)
-        return mine, weights
 
     def _shared_prefixes(self, samples: Sequence[Sample], lengths: dict[str, int]) -> dict[str, SharedPrefix]:
         """The agents' shared prefixes, run forward now; none, now and later, for a model whose cache cannot be

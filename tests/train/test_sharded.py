@@ -15,9 +15,8 @@ pytest.importorskip("trl")
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
 from mas_train.config import ConfigError, TrainConfig  # noqa: E402
-from mas_train.sharded import RankFailure, optimizer_state_by_index  # noqa: E402
+from mas_train.sharded import RankFailure, optimizer_state_by_index, rank_share  # noqa: E402
 from mas_train.trainer import MultiGroupTrainer  # noqa: E402
-from mas_train.update import GroupGRPOTrainer  # noqa: E402
 
 AGENTS = ["solver", "verifier"]
 # fp32 on CPU: the 2-rank gradient is the 1-rank one summed in another order (reduce-scatter), and each rank
@@ -65,12 +64,12 @@ def _max_diff(a, b):
 
 def test_rank_share_splits_the_plan_and_pads_with_zero_weight():
     plan = ["m0", "m1", "m2"]
-    assert GroupGRPOTrainer.rank_share(plan, 0, 2) == (["m0", "m2"], [1.0, 1.0])
-    assert GroupGRPOTrainer.rank_share(plan, 1, 2) == (["m1", "m1"], [1.0, 0.0])
+    assert rank_share(plan, rank=0, world=2) == (["m0", "m2"], [1.0, 1.0])
+    assert rank_share(plan, rank=1, world=2) == (["m1", "m1"], [1.0, 0.0])
     # fewer micro-batches than ranks: rank 3 owns none and re-runs m0 at weight 0
-    assert GroupGRPOTrainer.rank_share(plan, 3, 4) == (["m0"], [0.0])
+    assert rank_share(plan, rank=3, world=4) == (["m0"], [0.0])
     with pytest.raises(ValueError, match="0 <= rank < world"):
-        GroupGRPOTrainer.rank_share(plan, 2, 2)
+        rank_share(plan, rank=2, world=2)
 
 
 def test_optimizer_state_is_saved_in_torch_optim_format():
