@@ -204,6 +204,11 @@ def _check_sharded(cfg: Any, g: str, num_ranks: int, trainable: bool, lora: Any,
             f"{where}: sharding a LoRA group (lora section, or model_sharing: shared_lora) is not implemented; "
             "use num_ranks: 1 for LoRA groups (an adapter is small), or full fine-tuning"
         )
+    if cfg.log_agent_grad_norms:
+        raise ConfigError(
+            f"{where}: per-agent gradient norms are not measured for a sharded group; unset "
+            "log_agent_grad_norms (auto: off for that group) or set it false"
+        )
     if float(grpo.get("beta", 0.0) or 0.0) != 0.0:
         raise ConfigError(f"{where}: a sharded group with a KL reference (grpo.beta > 0) is not implemented")
     if cfg.pool == "ray":

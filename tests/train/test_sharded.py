@@ -102,6 +102,8 @@ def test_num_ranks_config_top_level_per_group_and_refusals():
         _resolve(num_ranks=2, model_sharing="shared_lora")
     with pytest.raises(ConfigError, match="sharding a LoRA group"):
         _resolve(num_ranks=2, lora={"r": 4})
+    with pytest.raises(ConfigError, match="per-agent gradient norms are not measured for a sharded group"):
+        _resolve(num_ranks=2, log_agent_grad_norms=True)
     with pytest.raises(ConfigError, match=r"grpo.beta > 0"):
         _resolve(num_ranks=2, grpo={"beta": 0.1})
     assert _resolve(num_ranks=2, pool="ray").model_groups["shared"].num_ranks == 2
