@@ -229,6 +229,28 @@ def test_sharded_checkpoint_loads_unsharded_and_resumes_with_other_rank_counts(t
         assert diff < ATOL, n
 
 
+@pytest.mark.slow
+def test_unsharded_checkpoint_resumes_on_two_ranks(tmp_path, tiny_qwen3_path):
+    a = _trainer(_cfg(tmp_path, tiny_qwen3_path, "u1"))
+    try:
+        a.train_step()
+        ckpt = a.save_checkpoint()
+        a.train_step()
+        ref = _params(a)["shared"]
+    finally:
+        a.close()
+    b = _trainer(_cfg(tmp_path, tiny_qwen3_path, "u2", num_ranks=2))
+    try:
+        b.load_checkpoint(ckpt)
+        b.train_step()
+        got = _params(b)["shared"]
+    finally:
+        b.close()
+    diff = max((got[k] - ref[k]).abs().max().item() for k in ref)
+    print(f"1-rank checkpoint resumed on 2 ranks: max diff {diff:.3g}")
+    assert diff < ATOL
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
