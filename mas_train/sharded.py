@@ -6,11 +6,11 @@ generation backend, checkpoint folder) where the pool puts it, and :class:`Shard
 (``torch.multiprocessing`` spawn) that each load the group's model, wrap every decoder layer and then the whole
 model with ``fully_shard`` over one process group (gloo on CPU, NCCL on GPUs), and build the group's
 :class:`~mas_train.update.GroupGRPOTrainer` on the sharded model, so TRL's optimizer holds only each rank's shard
-of the AdamW moments.
+of the AdamW moments. The ranks are children of the worker's process: the driver under ``pool: local``, the
+group's actor (inside its bundle, which must hold every rank's GPU) under ``pool: ray``.
 
 Per step the worker sends every rank all of the group's samples; each rank runs its share of the one-rank
-micro-batch plan (:func:`rank_share`), FSDP reduce-scatters the gradients,
-and each rank steps its shard. The weight sync then gathers the full weights onto rank 0
+micro-batch plan (:func:`rank_share`), FSDP reduce-scatters the gradients, and each rank steps its shard. The weight sync then gathers the full weights onto rank 0
 (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``: one full copy in rank 0's CPU memory, none on
 the other ranks) and hands them to the worker, which pushes them to its backend.
 
@@ -374,10 +374,9 @@ class ShardedRanks:
                 if conn.poll(0.2):
                     try:
                         msg = conn.recv()
-                    except EOFError:
-                        msg = None
-                    if msg is None:
-                        continue
+                    except EOFError:  # the rank closed its end: it is exiting
+                        self._procs[r].join(5.0)
+                        self._fail(r, f"died (exit code {self._procs[r].exitcode}) during {cmd}")
                     if msg[0] == "error":
                         # a peer's death makes the survivors' collectives fail: name the dead one
                         time.sleep(1.0)
