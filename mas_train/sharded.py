@@ -163,6 +163,11 @@ class _Rank:
             resolve_model_path(g.model), dtype=_torch_dtype(g.dtype, device), device=device
         )
         shard_model(model, mesh)  # before the trainer, so its optimizer holds the shards
+        # transformers warns that a process group exists without a DDP launch: intended, FSDP owns the group and
+        # accelerate stays single-process (TRL's metric gathers must not become collectives)
+        logging.getLogger("transformers.training_args").addFilter(
+            lambda record: "parallel_mode != ParallelMode.DISTRIBUTED" not in record.getMessage()
+        )
         self.model = model
         self.trainer = build_group_trainer(resolved, group, model, tok, device)
         self.trainer.shard_world = world
