@@ -39,9 +39,14 @@ Where this module works around TRL (each checked against trl 1.16.0; re-check th
    to the step's completion tokens scaled by ``steps_per_generation / n_micro``, so TRL's loss normalisers
    see one optimizer step per update whatever the micro-batching.
 6. TRL's per-step metric store ``_metrics["train"]`` is read and cleared after every update.
-7. TRL patches the policy's forward with a fused LM head at the trainer's temperature. Under ``shared_lora``
+7. Sharded groups (:mod:`mas_train.sharded`): each rank runs its ``shard_plan`` share of the one-rank micro-batch
+   plan with the one-rank normalisers, its loss times N (FSDP's reduce-scatter averages over ranks); no shared
+   prefixes or per-agent norms there (their extra forwards would differ between ranks).
+8. TRL patches the policy's forward with a fused LM head at the trainer's temperature. Under ``shared_lora``
    several trainers share one base model, so each worker puts its own trainer's patch back before its update
    (``mas_train.worker``), or every group would train at the last group's temperature.
+
+The update and these workarounds stay in one file: each workaround is read against the code it changes.
 """
 
 from __future__ import annotations
@@ -181,6 +186,8 @@ class GroupGRPOTrainer(GRPOTrainer):
             None  # the shared prefix the current micro-batch's rows start with
         )
         self._is_stats: dict[str, list[float]] = defaultdict(list)
+        # set on the ranks of a sharded group (mas_train.sharded): the rank count, and plan -> (share, weights)
+        self.shard_world, self.shard_plan = 1, None
 
     # -- inputs ---------------------------------------------------------------------------------------
     def build_inputs(
@@ -384,6 +391,10 @@ class GroupGRPOTrainer(GRPOTrainer):
         shared = agent_prefix_lengths(samples) if use_prefix else {}
         mbs = self._micro_batches(samples, advantages, by_agent=agent_grad_norms or bool(shared))
         n_micro = len(mbs)
+        weights = [1.0] * n_micro
+        if self.shard_world > 1:  # workaround 7: this rank's share of the one-rank plan
+            shared, agent_grad_norms = {}, False
+            mbs, weights = self.shard_plan(mbs)
         prefixes = self._shared_prefixes(samples, shared)
         # Build inputs once per micro-batch; old/ref logps are those of the policy before this update.
         prepared = []
@@ -416,7 +427,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         for _ in range(num_iterations):
             acc: list[torch.Tensor | None] | None = None
             current = None
-            for agent, inp0 in prepared:
+            for (agent, inp0), weight in zip(prepared, weights, strict=True):
                 inp = dict(inp0)
                 if agent != current:
                     if current in prefixes:  # the last agent's prefix gets its accumulated gradient
@@ -432,8 +443,10 @@ class GroupGRPOTrainer(GRPOTrainer):
                         loss = self.compute_loss(model, inp)
                 finally:
                     self._is_ctx = None
+                if self.shard_world > 1:  # FSDP averages the ranks' gradients; one rank sums micro-batches
+                    loss = loss * (self.shard_world * weight)
+                losses.append(loss.detach().item() / self.shard_world)
                 self.accelerator.backward(loss)
-                losses.append(loss.detach().item())
             self._prefix = None
             if current in prefixes:
                 prefixes[current].backward()
@@ -445,6 +458,8 @@ class GroupGRPOTrainer(GRPOTrainer):
             gn = self.accelerator.clip_grad_norm_(
                 model.parameters(), max_norm if max_norm and max_norm > 0 else float("inf")
             )
+            if hasattr(gn, "full_tensor"):  # FSDP2: the norm of DTensor gradients is a DTensor
+                gn = gn.full_tensor()
             grad_norm = float(gn.item() if torch.is_tensor(gn) else gn)
             self.optimizer.step()
             self.lr_scheduler.step()
@@ -453,7 +468,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         model.eval()
 
         out: dict[str, float] = {
-            "loss": float(sum(losses) / max(num_iterations, 1)),
+            "loss": float(sum(losses) / max(num_iterations, 1)),  # this rank's part when sharded
             "grad_norm": grad_norm,
             "learning_rate": float(self.lr_scheduler.get_last_lr()[0]),
             "num_tokens": float(sum(len(s.completion_ids) for s in all_samples)),

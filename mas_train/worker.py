@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
+from mas_train.group_trainer import _device, _torch_dtype, build_group_trainer
 from mas_train.rollout import Sample
-from mas_train.update import GroupGRPOTrainer, grpo_args
+from mas_train.update import GroupGRPOTrainer
 
 __all__ = ["ModelGroupWorker", "StaleSampleError", "hf_progress_bars_off"]
 
@@ -44,18 +45,6 @@ def hf_progress_bars_off():
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def _device(spec: str) -> str:
-    if spec == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return spec
-
-
-def _torch_dtype(dtype: str, device: str) -> str:
-    if dtype == "auto":
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    return dtype
 
 
 class ModelGroupWorker:
@@ -103,6 +92,7 @@ class ModelGroupWorker:
         self.adapter: str | None = None
         self.peft_model = None
         self._fused_forward = None
+        self.ranks = None  # a sharded group's ShardedRanks
         if not backend_kind(g.backend).can_train:
             # A remote endpoint generates; the group's model only provides the tokenizer (prompt ids, lengths).
             self.tokenizer = load_tokenizer(self.model_path)
@@ -110,6 +100,9 @@ class ModelGroupWorker:
             self.num_parameters = 0
             self.backend = make_backend(g, None, self.tokenizer)
             self.updates = 0
+            return
+        if self.trains and g.num_ranks > 1:
+            self._init_sharded(resolved, g)
             return
         if shared_model is not None:
             if self.lora is None:
@@ -154,33 +147,33 @@ class ModelGroupWorker:
         self.backend = make_backend(g, self.model, tok)
         self.updates = 0
 
+    def _init_sharded(self, resolved, g) -> None:
+        """``num_ranks > 1``: the ranks hold the trained (sharded) model; this worker keeps a full copy that
+        follows every sync (the backend's source, and what :meth:`save` writes): on the run's device for the
+        ``hf`` backend, which generates with it, else in CPU memory (an SGLang engine loads its own weights)."""
+        from mas_train.backends import make_backend
+        from mas_train.models import load_model_and_tokenizer
+        from mas_train.sharded import ShardedRanks
+
+        self.ranks = ShardedRanks(resolved, self.group).start()  # they load in the background meanwhile
+        try:
+            device = self.device if g.backend == "hf" else "cpu"
+            with hf_progress_bars_off():
+                model, tok = load_model_and_tokenizer(
+                    self.model_path, dtype=_torch_dtype(g.dtype, self.device), device=device
+                )
+            model.eval().requires_grad_(False)
+            self.tokenizer = tok
+            self.model = model
+            self.num_parameters = sum(p.numel() for p in model.parameters())
+            self.backend = make_backend(g, model, tok)
+        except BaseException:
+            self.ranks.close(force=True)
+            raise
+        self.updates = 0
+
     def _build_trainer(self, resolved, g, model, tok) -> GroupGRPOTrainer:
-        cfg = resolved.config
-        samplings = [resolved.agents[a].sampling for a in self.agents]
-        temps = {s.temperature for s in samplings}
-        if len(temps) > 1:
-            logger.warning(
-                "agents %s of model group %r sample at different temperatures %s; the trainer scores completions "
-                "at %s and the importance-sampling ratio absorbs the rest",
-                self.agents,
-                self.group,
-                sorted(temps),
-                samplings[0].temperature,
-            )
-        # log_softmax(logits / T) is the sampled distribution; greedy (T=0) reports temperature-1 logprobs.
-        temperature = samplings[0].temperature or 1.0
-        kwargs = g.grpo_config_kwargs()
-        kwargs.setdefault("max_completion_length", max(s.max_new_tokens for s in samplings))
-        args = grpo_args(
-            str(resolved.run_dir / "trl" / self.group),
-            max_steps=cfg.max_steps,
-            seed=cfg.seed,
-            use_cpu=not self.device.startswith("cuda"),
-            bf16=_torch_dtype(g.dtype, self.device) == "bfloat16",
-            temperature=temperature,
-            **kwargs,
-        )
-        return GroupGRPOTrainer(model, tok, args, micro_batch_size=g.micro_batch_size)
+        return build_group_trainer(resolved, self.group, model, tok, self.device)
 
     def _unwrapped(self):
         return self.trainer.accelerator.unwrap_model(self.model) if self.trainer is not None else self.model
@@ -276,7 +269,7 @@ class ModelGroupWorker:
                 ``weight_version`` is below the backend's), i.e. it was collected before the last sync.
             ValueError: a sample of another model group.
         """
-        if self.trainer is None:
+        if self.trainer is None and self.ranks is None:
             raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
         version = self.weight_version
         for s in samples:
@@ -290,7 +283,10 @@ class ModelGroupWorker:
         self._activate(training=True)
         self.backend.sleep()
         try:
-            out = self.trainer.update(samples, advantages, agent_grad_norms=agent_grad_norms)
+            if self.ranks is not None:  # per-agent gradient norms are not measured sharded
+                out = self.ranks.update(samples, advantages)
+            else:
+                out = self.trainer.update(samples, advantages, agent_grad_norms=agent_grad_norms)
         finally:
             self.backend.wake()
         self.updates += 1
@@ -303,9 +299,22 @@ class ModelGroupWorker:
         A LoRA group pushes only its adapter's tensors (PeftModel names): a backend that samples with the
         trained PeftModel itself (``share_model``) then only bumps its version; a private copy (a deep copy of
         the PeftModel, adapters unmerged) receives the adapter tensors."""
+        if self.ranks is not None:
+            return int(self.backend.update_weights(self._gather()))
         if self.trainer is None:
             return self.weight_version
         return int(self.backend.update_weights(self._sync_tensors()))
+
+    def rank_sizes(self) -> list[dict[str, int]] | None:
+        """A sharded group's per-rank element counts (``params``: its weight shards, ``optimizer``: its optimizer
+        state), rank 0 first; ``None`` for an unsharded group. See :meth:`~mas_train.sharded.ShardedRanks.sizes`."""
+        return self.ranks.sizes() if self.ranks is not None else None
+
+    def _gather(self) -> dict:
+        """A sharded group's full weights from its ranks, copied into this worker's full copy too."""
+        sd = self.ranks.full_state_dict()
+        self.model.load_state_dict(sd, strict=False)
+        return sd
 
     def _sync_tensors(self) -> dict:
         if self.peft_model is not None:
@@ -328,10 +337,19 @@ class ModelGroupWorker:
             "group": self.group,
             "agents": list(self.agents),
             "model": self.model_path,
-            "trainable": self.trainer is not None,
+            "trainable": self.trainer is not None or self.ranks is not None,
             "lora": self.adapter is not None,
         }
-        if self.trainer is not None:
+        if self.ranks is not None:
+            out = folder / "model"
+            out.mkdir(exist_ok=True)
+            self._gather()
+            with hf_progress_bars_off():
+                self.model.save_pretrained(out)
+                self.tokenizer.save_pretrained(out)
+            state["global_step"] = self.ranks.save(str(folder))
+            state["num_ranks"] = self.ranks.num_ranks
+        elif self.trainer is not None:
             out = folder / ("adapter" if self.adapter is not None else "model")
             out.mkdir(exist_ok=True)
             with hf_progress_bars_off():
@@ -347,7 +365,7 @@ class ModelGroupWorker:
             state["global_step"] = self.trainer.state.global_step
         (folder / "state.json").write_text(json.dumps(state))
 
-    def load_weights(self, folder: str) -> None:
+    def load_weights(self, folder: str, *, _rank_optimizer_step: int | None = None) -> None:
         """Load the weights :meth:`save` wrote (``folder/model``, or ``folder/adapter`` for a LoRA group) into
         the policy and sync the backend; no optimizer state (``mas-eval --checkpoint``). A group saved frozen
         keeps its own weights.
@@ -397,6 +415,9 @@ class ModelGroupWorker:
                 f"checkpoint of group {self.group!r} does not fit: missing {missing}, extra {unexpected}"
             )
         del saved
+        if self.ranks is not None:  # each rank keeps its shard (with the optimizer state, from load())
+            step = _rank_optimizer_step
+            self.ranks.load(str(folder), optimizer=step is not None, global_step=step or 0)
         self.backend.update_weights(self._unwrapped().state_dict())
 
     def load(self, folder: str) -> None:
@@ -406,13 +427,18 @@ class ModelGroupWorker:
             FileNotFoundError: the folder lacks one of the files.
         """
         folder = Path(folder)
-        if self.trainer is None:
+        if self.trainer is None and self.ranks is None:
             self.load_weights(str(folder))
             return
         weights = "adapter" if self.adapter is not None else "model"
         for name in (weights, "optimizer.pt", "scheduler.pt", "state.json"):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / name}")
+        state = json.loads((folder / "state.json").read_text())
+        if self.ranks is not None:
+            self.load_weights(str(folder), _rank_optimizer_step=int(state["global_step"]))
+            self.updates = int(state["updates"])
+            return
         self.load_weights(str(folder))
         self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
         self.trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
@@ -421,5 +447,9 @@ class ModelGroupWorker:
         self.updates = int(state["updates"])
 
     def close(self) -> None:
-        """Release the backend."""
-        self.backend.close()
+        """Release the backend (and a sharded group's ranks)."""
+        try:
+            self.backend.close()
+        finally:
+            if self.ranks is not None:
+                self.ranks.close()

@@ -11,7 +11,10 @@
 #      weight sync (update_weights_from_tensor inside the 0.5.23 session, and /update_weights_from_disk), sleep/wake;
 #   2. generation throughput of SGLangEngineBackend (prints tokens/s);
 #   3. a short math-2agent training run (STEPS steps) with SGLang generating and the trainer on the same GPU
-#      (prints generation tokens/s and seconds per step from the run's metrics.jsonl).
+#      (prints generation tokens/s and seconds per step from the run's metrics.jsonl);
+#   4. with 2+ GPUs: a sharded model group (num_ranks 2, FSDP2 over NCCL, ranks on GPUs 0 and 1) against the
+#      same run with one rank, 2 steps of tiny-qwen3 in fp32 with the hf backend; prints the max |difference|
+#      of the saved weights and fails above 1e-3 (CPU/gloo gives ~7e-6, docs/scaling.md).
 # Nothing here can run without a GPU; it has not been run by the authors (no GPU was available to them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,4 +86,32 @@ for r in rows:
           f"({tokens / r['time/generate']:,.0f} tokens/s), update {r['time/update']:.1f}s, "
           f"sync {r['time/sync']:.2f}s, step {r['time/step']:.1f}s")
 EOF
+
+echo "== 4. sharded model group: 2 NCCL ranks vs 1 rank (FSDP2), 2 steps"
+if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    for N in 1 2; do
+        "$PY" -c 'import sys; from mas_train.cli import train_main; sys.exit(train_main(sys.argv[1:]))' \
+            --env math-2agent --model tiny-qwen3 --model_sharing per_agent --backend hf --dtype float32 \
+            --device cuda --num_ranks "$N" --max_steps 2 --num_generations 4 --tasks_per_step 2 \
+            --sampling.max_new_tokens 16 --learning_rate 1e-4 --log_agent_grad_norms false --save_steps 0 \
+            --eval_steps 0 --report_to jsonl --output_dir "$OUT" --run_name "sharded_$N"
+    done
+    "$PY" - "$OUT" <<'EOF'
+import sys
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+
+out = Path(sys.argv[1])
+worst = 0.0
+for group in ("solver", "verifier"):
+    a, b = (AutoModelForCausalLM.from_pretrained(out / f"sharded_{n}/checkpoints/step-000002/groups/{group}/model")
+            .state_dict() for n in (1, 2))
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    worst = max(worst, diff)
+    print(f"{group}: max |w_1rank - w_2rank| = {diff:.3g}")
+assert worst < 1e-3, f"sharded update differs from the one-rank update by {worst:.3g}"
+EOF
+else
+    echo "skipped: needs 2 GPUs"
+fi
 echo "== done"

@@ -64,6 +64,7 @@ from mas_train.config.common import (
     OPTIM_FIELDS,
     POOLS,
     REPORT_TO,
+    SHARDINGS,
     SHARING_MODES,
     ConfigError,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "OPTIM_FIELDS",
     "POOLS",
     "REPORT_TO",
+    "SHARDINGS",
     "SHARING_MODES",
     "AgentConfig",
     "ConfigError",

@@ -22,6 +22,7 @@ __all__ = [
     "OPTIM_FIELDS",
     "POOLS",
     "REPORT_TO",
+    "SHARDINGS",
     "SHARING_MODES",
     "ConfigError",
 ]
@@ -95,6 +96,8 @@ REPORT_TO = ("tensorboard", "jsonl", "wandb", "none")
 #: all adapters (LoRA) on one shared base model.
 SHARING_MODES = ("shared", "per_agent", "shared_lora")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: How a model group with num_ranks > 1 shards its update: fsdp2 = PyTorch FSDP2 (torch.distributed.fsdp.fully_shard).
+SHARDINGS = ("fsdp2",)
 
 #: Optimisation settings: set at top level, per model group, or per agent (agents sharing a group must agree).
 #: The names are those of transformers' ``TrainingArguments`` / TRL's ``GRPOConfig``.

@@ -51,6 +51,10 @@ class ResolvedModelGroup:
             name): groups with the same ``base_group`` share one copy of the base weights, each with its own
             adapter. ``None``: the group owns its weights.
         micro_batch_size: samples per forward/backward of the group's update.
+        num_ranks: processes the group's update runs on (1: in the worker; N > 1: N rank processes holding the
+            model sharded by ``sharding``, :mod:`mas_train.sharded`).
+        sharding: the sharding of a group with ``num_ranks > 1`` (``"fsdp2"``).
+        rank_gpu_ids: the GPU of each rank on a CUDA run (empty: GPUs ``0..num_ranks-1``).
     """
 
     name: str
@@ -71,6 +75,9 @@ class ResolvedModelGroup:
     trainable: bool = True
     lora: LoraConfig | None = None
     base_group: str | None = None
+    num_ranks: int = 1
+    sharding: str = "fsdp2"
+    rank_gpu_ids: tuple[int, ...] = ()
 
     @property
     def backend_kwargs(self) -> dict[str, Any]:
@@ -183,6 +190,41 @@ def _agreed(g: str, members: tuple[str, ...], field: str, values: dict[str, Any]
     return next(iter(values.values()))
 
 
+def _check_sharded(cfg: Any, g: str, num_ranks: int, trainable: bool, lora: Any, grpo: dict) -> None:
+    """Refuse a ``num_ranks > 1`` this version cannot honour, before any model loads."""
+    if num_ranks == 1:
+        return
+    where = f"model_groups.{g}.num_ranks = {num_ranks}"
+    if not trainable:
+        raise ConfigError(
+            f"{where}: the group is frozen (trainable: false), it has no update to shard; drop it"
+        )
+    if lora is not None:
+        raise ConfigError(
+            f"{where}: sharding a LoRA group (lora section, or model_sharing: shared_lora) is not implemented; "
+            "use num_ranks: 1 for LoRA groups (an adapter is small), or full fine-tuning"
+        )
+    if cfg.log_agent_grad_norms:
+        raise ConfigError(
+            f"{where}: per-agent gradient norms are not measured for a sharded group; unset "
+            "log_agent_grad_norms (auto: off for that group) or set it false"
+        )
+    if float(grpo.get("beta", 0.0) or 0.0) != 0.0:
+        raise ConfigError(f"{where}: a sharded group with a KL reference (grpo.beta > 0) is not implemented")
+    if cfg.pool == "ray":
+        gcfg = cfg.model_groups.get(g)
+        if gcfg is not None and gcfg.rank_gpu_ids:
+            raise ConfigError(
+                f"model_groups.{g}.rank_gpu_ids: under pool: ray, Ray assigns the group's GPUs; drop it and set "
+                f"model_groups.{g}.num_gpus: {num_ranks}"
+            )
+        if gcfg is not None and 0 < gcfg.num_gpus < num_ranks:
+            raise ConfigError(
+                f"{where} under pool: ray: the group's actor reserves num_gpus = {gcfg.num_gpus}, its ranks need "
+                f"one GPU each: set model_groups.{g}.num_gpus: {num_ranks}"
+            )
+
+
 def _group_lora(cfg: Any, gcfg: Any, trainable: bool, shared_lora: bool) -> LoraConfig | None:
     """A group's adapter: its own ``lora``, else the top-level one (trainable groups), else the default adapter
     under ``shared_lora``, else None (full fine-tuning)."""
@@ -270,6 +312,13 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
                 lora_check(group_lora, g)
             except ValueError as err:
                 raise ConfigError(f"{where}: {err}") from None
+        num_ranks = gcfg.num_ranks if gcfg.num_ranks is not None else (cfg.num_ranks if trainable else 1)
+        _check_sharded(cfg, g, num_ranks, trainable, group_lora, {**cfg.grpo, **gcfg.grpo})
+        if gcfg.rank_gpu_ids and len(gcfg.rank_gpu_ids) != num_ranks:
+            raise ConfigError(
+                f"model_groups.{g}.rank_gpu_ids lists {len(gcfg.rank_gpu_ids)} GPUs for num_ranks = {num_ranks}; "
+                "give one GPU per rank"
+            )
         groups[g] = ResolvedModelGroup(
             name=g,
             model=model,
@@ -284,6 +333,9 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             trainable=trainable,
             lora=group_lora,
             base_group=groups_in_order[0] if shared_lora else None,
+            num_ranks=num_ranks,
+            sharding=gcfg.sharding or cfg.sharding,
+            rank_gpu_ids=tuple(gcfg.rank_gpu_ids),
             **optim,
         )
     if shared_lora:

@@ -19,6 +19,7 @@ from mas_train.config.common import (
     DEFAULT_TEMPERATURE,
     DTYPES,
     GROUP_NAME_RE,
+    SHARDINGS,
     ConfigError,
     check_choice,
     check_min,
@@ -162,6 +163,20 @@ class ModelGroupConfig:
         "...), merged over the top-level grpo.",
         default_factory=dict,
     )
+    num_ranks: int | None = _help(
+        "Processes this group's update runs on, its weights, gradients and optimizer state sharded over them "
+        "(sharding); generation stays in the group's worker. None = the top-level num_ranks.",
+        default=None,
+    )
+    sharding: str | None = _help(
+        f"How a group with num_ranks > 1 shards its update, one of {list(SHARDINGS)}. None = top level.",
+        default=None,
+    )
+    rank_gpu_ids: list[int] = _help(
+        "GPU of each of the group's num_ranks ranks on a CUDA run (pool: local), rank 0 first. Empty = GPUs "
+        "0..num_ranks-1.",
+        default_factory=list,
+    )
     num_cpus: float = _help("CPUs reserved for this group's worker (pool: ray).", default=1.0)
     num_gpus: float = _help(
         "GPUs (fractions allowed) reserved for this group's worker (pool: ray).", default=0.0
@@ -184,6 +199,9 @@ class ModelGroupConfig:
         if self.dtype is not None:
             check_choice(f"{where}.dtype", self.dtype, DTYPES)
         check_min(f"{where}.micro_batch_size", self.micro_batch_size, 1, none_ok=True)
+        check_min(f"{where}.num_ranks", self.num_ranks, 1, none_ok=True)
+        if self.sharding is not None:
+            check_choice(f"{where}.sharding", self.sharding, SHARDINGS)
         check_optim(where, self)
         check_grpo(f"{where}.grpo", self.grpo)
         if self.num_cpus < 0 or self.num_gpus < 0:

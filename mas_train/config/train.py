@@ -34,6 +34,7 @@ from mas_train.config.common import (
     LAPTOP_DEFAULTS,
     POOLS,
     REPORT_TO,
+    SHARDINGS,
     SHARING_MODES,
     ConfigError,
     check_choice,
@@ -185,6 +186,14 @@ class TrainConfig:
     seed: int = _help("Random seed (data order, sampling, initialisation).", default=0)
     device: str = _help("auto, cpu, cuda or cuda:N.", default="auto")
     pool: str = _help(f"Where model groups live, one of {list(POOLS)}.", default="local")
+    num_ranks: int = _help(
+        "Default of model_groups.<g>.num_ranks for every trainable group: processes each group's update is "
+        "sharded over (1 = unsharded, in the group's worker).",
+        default=1,
+    )
+    sharding: str = _help(
+        f"Default of model_groups.<g>.sharding, one of {list(SHARDINGS)} (PyTorch FSDP2).", default="fsdp2"
+    )
     log_agent_grad_norms: bool | None = _help(
         "Log the gradient norm of each agent's samples alone (Dr. MAS Figure 4); costs one extra backward per "
         "agent. None = on for models under 1B parameters.",
@@ -229,6 +238,7 @@ class TrainConfig:
         check_choice("backend", self.backend, BACKENDS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("pool", self.pool, POOLS)
+        check_choice("sharding", self.sharding, SHARDINGS)
         for r in self.report_to:
             check_choice("report_to", r, REPORT_TO)
         if isinstance(self.model_sharing, str):
@@ -249,6 +259,7 @@ class TrainConfig:
             ("max_steps", 1),
             ("max_prompt_length", 1),
             ("micro_batch_size", 1),
+            ("num_ranks", 1),
             ("logging_steps", 1),
             ("save_steps", 0),
             ("eval_steps", 0),

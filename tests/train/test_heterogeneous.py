@@ -28,7 +28,15 @@ needs_smollm2 = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize(
-    "name", ["heterogeneous", "gpu_single", "gpu_node_heterogeneous", "ray_cluster_http"]
+    "name",
+    [
+        "heterogeneous",
+        "gpu_single",
+        "gpu_node_heterogeneous",
+        "ray_cluster_http",
+        "qwen3_8b_sharded",
+        "hetero_7b_3b_sharded",
+    ],
 )
 def test_scaling_example_configs_resolve(name):
     """The GPU/cluster examples of docs/scaling.md are valid configs (they cannot be run here: no GPU)."""
