@@ -33,9 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 LORA_RANK = 8
 
 
+#: Measured numbers; tests/backends/conftest.py prints them in pytest's terminal summary (they are the report).
+REPORT: list[str] = []
+
+
 def _report(line: str) -> None:
-    """Measured numbers go to the terminal whatever pytest captures (they are the test's report)."""
-    os.write(2, f"\n[vllm] {line}\n".encode())
+    REPORT.append(line)
 
 
 @pytest.fixture(scope="session")
