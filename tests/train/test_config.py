@@ -420,7 +420,9 @@ def test_option_lists_are_defined_once():
     from mas_train import config as C
 
     assert C.ADVANTAGE_MODES is advantages.MODES and C.ADVANTAGE_SCOPES is advantages.SCOPES
-    assert C.BACKENDS == backends.BACKEND_KINDS == ("hf", "sglang_engine", "sglang_http", "openai")
+    assert (
+        C.BACKENDS == backends.BACKEND_KINDS == ("hf", "sglang_engine", "sglang_http", "vllm_http", "openai")
+    )
     assert "shared_lora" in C.SHARING_MODES
 
 
