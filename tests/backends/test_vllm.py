@@ -115,6 +115,7 @@ def _restore(server, folder) -> None:
 @pytest.fixture
 def connect(vllm_server, smollm2_untied, reference):
     """Factory of fresh url-mode backends (weight_version 0) on the session's server with the reference weights."""
+    from mas_train.backends.options import VLLMHTTPOptions
     from mas_train.backends.vllm import VLLMHTTPBackend
 
     _restore(vllm_server, smollm2_untied)
@@ -123,6 +124,8 @@ def connect(vllm_server, smollm2_untied, reference):
     def factory(**kw):
         kw.setdefault("tokenizer", reference[1])
         kw.setdefault("model_config", reference[0].config)
+        # the configured default: /dev/shm where present
+        kw.setdefault("sync_dir", VLLMHTTPOptions().sync_dir)
         made.append(VLLMHTTPBackend(vllm_server.url, model_path=smollm2_untied, **kw))
         return made[-1]
 
