@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -192,7 +193,9 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
 
     Attributes:
         last_sync: ``{"bytes", "write_s", "load_s", "total_s"}`` of the latest successful weight sync (bytes of
-            the safetensors file written; seconds to write it, for the server to load it, in all).
+            the safetensors file written; seconds to write it, for the server to load it, in all; a LoRA sync
+            has only ``bytes`` and ``total_s``, the others NaN).
+        startup_s: seconds :meth:`launch` waited for ``/health``; ``None`` for a server started elsewhere.
     """
 
     server_name = "vLLM"
@@ -226,6 +229,7 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         self.model_path = None if model_path is None else str(model_path)
         self.weight_version = 0
         self.last_sync: dict[str, float] = {}
+        self.startup_s: float | None = None  # seconds from launch to a healthy server (launched backends)
         self._served_model = served_model
         if sync_dir is not None:
             Path(sync_dir).mkdir(parents=True, exist_ok=True)
@@ -402,8 +406,6 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
                 t_load = time.perf_counter() - t0 - t_write
             finally:
                 # the server has read it (or refused it): the RAM disk copy is not needed any more
-                import shutil
-
                 shutil.rmtree(target, ignore_errors=True)
         self._post_ok("/reset_prefix_cache", None, "reset_prefix_cache")
         self.weight_version += 1
