@@ -236,33 +236,37 @@ def start_server_process(cmd: Sequence[str], env: Mapping[str, str] | None = Non
     return subprocess.Popen(list(cmd), env=proc_env, start_new_session=True)  # noqa: S603 - typed arguments
 
 
-def stop_server_process(process: subprocess.Popen | None, timeout: float = 30.0) -> None:
-    """SIGTERM the server's process group, SIGKILL it after ``timeout`` seconds; nothing if it has exited."""
+def stop_server_process(process: subprocess.Popen | None, timeout: float = 30.0, grace: float = 10.0) -> None:
+    """Stop a server started by :func:`start_server_process`, and every process it forked.
+
+    SIGTERM goes to the server alone first, so it shuts its workers down in order (vLLM's engine core and
+    workers free their shared-memory queues then; a SIGTERM to all at once can leak them in ``/dev/shm``).
+    After it exits (SIGKILL after ``timeout`` seconds), processes left in its group get ``grace`` seconds to
+    finish, then SIGKILL. Nothing happens for a process that has already exited.
+    """
     if process is None or process.poll() is not None:
         return
     try:
         pgid = os.getpgid(process.pid)
     except ProcessLookupError:
         return
-    own = pgid != os.getpgid(0)  # a process started without its own group: signal only it
-
-    def send(sig: int) -> None:
-        try:
-            os.killpg(pgid, sig) if own else process.send_signal(sig)
-        except ProcessLookupError:
-            pass
-
-    send(signal.SIGTERM)
+    own = pgid != os.getpgid(0)  # a process started without its own group: only it is ours to signal
+    process.terminate()
     try:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        send(signal.SIGKILL)
+        process.kill()
         process.wait(timeout=timeout)
-    if own:  # forked workers that outlived the server
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    if not own:
+        return
+    deadline = time.monotonic() + grace
+    try:
+        while time.monotonic() < deadline:
+            os.killpg(pgid, 0)  # raises once no process of the group is left
+            time.sleep(0.2)
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class HTTPServerClient:

