@@ -140,8 +140,8 @@ def _source(group, fresh: bool, weights) -> str:
     opts = group.backend_options
     if group.backend == "openai":
         return f"openai endpoint {opts.base_url} (model {opts.model})"
-    if group.backend == "sglang_http" and opts.url:
-        return f"sglang server {opts.url}"
+    if group.backend in ("sglang_http", "vllm_http") and opts.url:
+        return f"{group.backend.split('_')[0]} server {opts.url}"
     if fresh or weights is None:
         return f"{group.model} (its own weights, backend {group.backend})"
     return f"the checkpoint's weights (backend {group.backend})"

@@ -2,7 +2,7 @@
 
 The registry maps a backend kind to its options dataclass (:mod:`mas_train.backends.options`), a factory and
 whether the kind can train (serve updated weights). :func:`make_backend` builds one; heavy modules (torch for
-``hf``, httpx/sglang for the SGLang kinds, openai for ``openai``) are imported only when that kind is built.
+``hf``, httpx/sglang for the SGLang kinds, httpx for ``vllm_http``, openai for ``openai``) are imported only when that kind is built.
 A third-party backend registers itself with :func:`register_backend` and checks itself with
 :mod:`mas_train.backends.testing`.
 """
@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mas_train.backends.base import FinishReason, GenerationBackend, GenerationOutput, SamplingParams
-from mas_train.backends.options import HFOptions, OpenAIOptions, SGLangEngineOptions, SGLangHTTPOptions
+from mas_train.backends.options import (
+    HFOptions,
+    OpenAIOptions,
+    SGLangEngineOptions,
+    SGLangHTTPOptions,
+    VLLMHTTPOptions,
+)
 
 __all__ = [
     "BACKEND_KINDS",
@@ -132,6 +138,13 @@ register_backend(
 )
 register_backend(
     "sglang_http", SGLangHTTPOptions, "mas_train.backends.sglang:make_from_options", install_hint=_SGLANG_HINT
+)
+register_backend(
+    "vllm_http",
+    VLLMHTTPOptions,
+    "mas_train.backends.vllm:make_from_options",
+    install_hint="vllm_http needs httpx here (pip install httpx) and vLLM in its own environment: "
+    "scripts/setup_vllm_cpu.sh",
 )
 register_backend("openai", OpenAIOptions, _make_openai, can_train=False, install_hint="pip install openai")
 

@@ -1,7 +1,7 @@
 """The generation-backend contract: token ids in, token ids + sampling logprobs out.
 
-Every backend (Hugging Face ``generate`` on CPU, an in-process SGLang engine, an SGLang HTTP server, a Ray
-actor wrapping any of these) implements :class:`GenerationBackend`. The trainer and the rollout collector only
+Every backend (Hugging Face ``generate`` on CPU, an in-process SGLang engine, an SGLang or vLLM HTTP server, a
+Ray actor wrapping any of these) implements :class:`GenerationBackend`. The trainer and the rollout collector only
 ever talk to this protocol, so a new backend slots in without touching them.
 
 Token ids are the single source of truth: the ids a backend returns are the ids the trainer trains on. Text is
@@ -27,7 +27,8 @@ class SamplingParams:
         temperature: softmax temperature; ``0`` means greedy. Logprobs are ``log_softmax(logits / temperature)``
             of the sampled token (greedy: temperature 1): the tempered distribution before top-p/top-k
             truncation, which is what SGLang returns and what the trainer recomputes. With ``top_p=1`` and
-            ``top_k=0`` it is exactly the distribution sampled from.
+            ``top_k=0`` it is exactly the distribution sampled from. (``vllm_http`` with vLLM's
+            ``processed_logprobs`` reports the truncated, renormalised distribution's: the same when both are off.)
         top_p: nucleus sampling mass in (0, 1]; ``1.0`` disables it.
         top_k: keep the k most likely tokens; ``0`` (or ``-1``) disables it.
         stop: stop strings. Generation ends as soon as the decoded completion contains one of them; the

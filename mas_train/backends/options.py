@@ -13,10 +13,18 @@ Raises (every ``__post_init__``): ``ValueError`` with the option name and the al
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SGLANG_LORA_ARGS", "HFOptions", "OpenAIOptions", "SGLangEngineOptions", "SGLangHTTPOptions"]
+__all__ = [
+    "SGLANG_LORA_ARGS",
+    "HFOptions",
+    "OpenAIOptions",
+    "SGLangEngineOptions",
+    "SGLangHTTPOptions",
+    "VLLMHTTPOptions",
+]
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -249,6 +257,117 @@ class SGLangHTTPOptions(_SGLangCommon):
             raise ValueError(f"connect_retries must be >= 1, got {self.connect_retries}")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+
+
+def _default_sync_dir() -> str | None:
+    # a RAM disk: the full-weight sync writes the whole state dict every step, and the server reads it back
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+#: vLLM server flags the typed options own (a second copy in extra_args would be ambiguous).
+_VLLM_OWNED_FLAGS = (
+    "--model",
+    "--host",
+    "--port",
+    "--dtype",
+    "--max-model-len",
+    "--logprobs-mode",
+    "--enable-lora",
+    "--max-lora-rank",
+)
+
+
+@dataclass
+class VLLMHTTPOptions:
+    """Options of ``backend: vllm_http`` (a vLLM OpenAI-compatible server: an existing ``url``, or one launched
+    here with ``python -m vllm.entrypoints.openai.api_server`` from the ``python`` of a vLLM environment)."""
+
+    url: str | None = _help(
+        "An already running vLLM server, e.g. http://127.0.0.1:8000 (started with VLLM_SERVER_DEV_MODE=1 and "
+        "--logprobs-mode processed_logprobs, so weight syncs and logprobs work). None = launch one.",
+        default=None,
+    )
+    python: str | None = _help(
+        "Python executable of the environment vLLM is installed in (scripts/setup_vllm_cpu.sh prints it); the "
+        "server is launched with it on 127.0.0.1 and a free port. None = $MAS_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python in the working directory.",
+        default=None,
+    )
+    port: int | None = _help("Port of the launched server. None = a free port.", default=None)
+    dtype: str | None = _help(
+        "vLLM --dtype: float32, bfloat16 or float16. None = the model group's dtype (float32 if auto).",
+        default=None,
+    )
+    max_model_len: int = _help("vLLM --max-model-len: prompt + completion tokens per sequence.", default=2048)
+    kv_cache_gib: float | None = _help(
+        "KV cache of a launched CPU server in GiB (VLLM_CPU_KVCACHE_SPACE). None = vLLM's default.",
+        default=None,
+    )
+    enforce_eager: bool = _help(
+        "Launch with --enforce-eager: start-up 46 s instead of ~130 s on 2 CPU cores, ~10% slower decoding.",
+        default=True,
+    )
+    logprobs_mode: str = _help(
+        "vLLM --logprobs-mode of a launched server: processed_logprobs (after temperature and top-k/top-p: the "
+        "distribution sampled from) or raw_logprobs (log_softmax of the raw logits).",
+        default="processed_logprobs",
+    )
+    max_lora_rank: int | None = _help(
+        "vLLM --max-lora-rank of a LoRA group's server. None = the group's lora.r (vLLM accepts 8, 16, 32, ...; "
+        "the smallest of those >= r is used).",
+        default=None,
+    )
+    extra_args: list[str] = _help(
+        "Further api_server flags, e.g. ['--max-num-seqs', '64'].", default_factory=list
+    )
+    env: dict[str, str] = _help(
+        "Environment of a launched server on top of ours (e.g. VLLM_CPU_OMP_THREADS_BIND). VLLM_SERVER_DEV_MODE=1 "
+        "is always set (the weight-sync RPC needs it).",
+        default_factory=dict,
+    )
+    timeout: float = _help("Seconds one request may take (generation and weight loading).", default=600.0)
+    startup_timeout: float | None = _help(
+        "Seconds to wait for /health. None = 600 when launching, 60 for a given url.", default=None
+    )
+    connect_retries: int = _help(
+        "Attempts to connect when the server cannot be reached (httpx transport retries; a request that "
+        "reached the server is never repeated).",
+        default=5,
+    )
+    sync_dir: str | None = _help(
+        "Folder the server can read where each weight sync writes its safetensors checkpoint. None = a temp "
+        "folder under /dev/shm (a RAM disk) when present, else the system temp folder.",
+        default_factory=_default_sync_dir,
+    )
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        if self.url is not None and self.python is not None:
+            raise ValueError("give either url (a running server) or python (launch one), not both")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16, float16 or None, got {self.dtype!r}")
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be > 0 or None, got {self.kv_cache_gib}")
+        if self.logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
+            raise ValueError(
+                f"logprobs_mode must be processed_logprobs or raw_logprobs, got {self.logprobs_mode!r}"
+            )
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1 or None, got {self.max_lora_rank}")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535 or None, got {self.port}")
+        for arg in self.extra_args:
+            if str(arg).split("=", 1)[0] in _VLLM_OWNED_FLAGS:
+                raise ValueError(f"extra_args sets {arg!r}, which a typed option (or the model group) owns")
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.startup_timeout is not None and self.startup_timeout <= 0:
+            raise ValueError(f"startup_timeout must be > 0 seconds or None, got {self.startup_timeout}")
+        if self.connect_retries < 1:
+            raise ValueError(f"connect_retries must be >= 1, got {self.connect_retries}")
 
 
 @dataclass

@@ -41,6 +41,9 @@ Class attributes a subclass may change:
     logprob_atol: tolerance of the logprob comparisons (1e-3 suits fp32 on CPU; bf16 on GPU needs ~5e-2).
     seeds_batch_invariant: whether a per-request seed gives the same completion whatever else is batched
         with it (True for HFBackend; SGLang only promises this with deterministic inference).
+    logprobs_truncated: the backend's logprobs are those of the distribution after top-k/top-p truncation
+        (renormalised), not of the tempered softmax before it (False for HFBackend and SGLang; True for vLLM's
+        ``processed_logprobs``). The two agree when ``top_k`` and ``top_p`` are off.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ __all__ = [
     "reference_greedy",
     "stop_string_completed_inside",
     "teacher_forced_logprobs",
+    "truncate_logits",
 ]
 
 
@@ -75,17 +79,39 @@ def chat_prompt(tokenizer, content: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def truncate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """``logits`` (..., V) with the tokens top-k / top-p sampling drops set to ``-inf``.
+
+    Top-k keeps the ``k`` largest logits (ties at the k-th kept); top-p then keeps the most likely tokens whose
+    probabilities sum to at least ``p`` (always at least one), as vLLM's ``apply_top_k_top_p`` does.
+    """
+    if top_k and top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1)  # ascending
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= 1.0 - top_p
+        drop[..., -1] = False
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
 @torch.no_grad()
 def teacher_forced_logprobs(
-    model, prompt: list[int], completion: list[int], temperature: float
+    model, prompt: list[int], completion: list[int], temperature: float, top_k: int = 0, top_p: float = 1.0
 ) -> list[float]:
     """``log_softmax(logits / T)`` of each completion token given everything before it; one unpadded forward.
 
-    ``T = 0`` (greedy) is scored at ``T = 1``, as the protocol defines.
+    ``T = 0`` (greedy) is scored at ``T = 1``, as the protocol defines. ``top_k`` / ``top_p`` (default off)
+    score against the truncated, renormalised distribution instead (:func:`truncate_logits`), for backends
+    whose logprobs are those of the distribution after truncation (vLLM's ``processed_logprobs``).
     """
     full = torch.tensor([prompt + completion], device=model.device)
     logits = model(full).logits[0, len(prompt) - 1 : -1].float()
     logits = logits / (temperature if temperature > 0 else 1.0)
+    if temperature > 0:
+        logits = truncate_logits(logits, top_k, top_p)
     target = torch.tensor(completion, device=logits.device)[:, None]
     return torch.log_softmax(logits, dim=-1).gather(1, target)[:, 0].tolist()
 
@@ -180,6 +206,7 @@ class BackendContract:
 
     logprob_atol: float = 1e-3
     seeds_batch_invariant: bool = True
+    logprobs_truncated: bool = False
 
     @pytest.fixture
     def make_backend(self):
@@ -204,10 +231,15 @@ class BackendContract:
             tok.encode("Hi", add_special_tokens=False),
         ]
 
-    def _check_logprobs(self, model, prompt, out: GenerationOutput, temperature: float) -> None:
+    def _check_logprobs(
+        self, model, prompt, out: GenerationOutput, temperature: float, sampling: SamplingParams | None = None
+    ) -> None:
         assert len(out.logprobs) == len(out.completion_ids)
         assert all(isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-6 for lp in out.logprobs)
-        expected = teacher_forced_logprobs(model, prompt, out.completion_ids, temperature)
+        trunc = {}
+        if getattr(self, "logprobs_truncated", False) and sampling is not None:
+            trunc = {"top_k": sampling.top_k, "top_p": sampling.top_p}
+        expected = teacher_forced_logprobs(model, prompt, out.completion_ids, temperature, **trunc)
         diff = max(abs(a - b) for a, b in zip(out.logprobs, expected, strict=True))
         assert diff <= self.logprob_atol, f"sampling logprobs differ from teacher forcing by {diff:.2e}"
 
@@ -251,14 +283,18 @@ class BackendContract:
             self._check_logprobs(model, prompt, out, temperature)
 
     def test_top_k_1_is_greedy(self, backend, prompts, reference_model_and_tokenizer):
-        """Truncation is applied when sampling; logprobs stay those of the untruncated tempered softmax."""
+        """Truncation is applied when sampling; logprobs stay those of the untruncated tempered softmax (or, with
+        ``logprobs_truncated``, are those of the one token left: 0)."""
         model, _ = reference_model_and_tokenizer
-        out = backend.generate(
-            prompts[:2], SamplingParams(max_new_tokens=5, temperature=1.0, top_k=1, seed=1)
-        )
+        sp = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=1, seed=1)
+        out = backend.generate(prompts[:2], sp)
         for prompt, o in zip(prompts[:2], out, strict=True):
             assert o.completion_ids == reference_greedy(model, prompt, 5)
-            self._check_logprobs(model, prompt, o, 1.0)
+            if getattr(self, "logprobs_truncated", False):  # one token left: probability 1
+                self._check_logprobs(model, prompt, o, 1.0, sp)
+                assert max(abs(lp) for lp in o.logprobs) < 1e-5
+            else:
+                self._check_logprobs(model, prompt, o, 1.0)
 
     def test_tiny_top_p_is_greedy(self, backend, prompts, reference_model_and_tokenizer):
         model, _ = reference_model_and_tokenizer
@@ -363,7 +399,10 @@ class BackendContract:
             assert len(out.completion_ids) <= sp.max_new_tokens
             if out.finish_reason == "length":
                 assert len(out.completion_ids) == sp.max_new_tokens
-            self._check_logprobs(model, prompt, out, sp.temperature)
+            if getattr(self, "logprobs_truncated", False):
+                self._check_logprobs(model, prompt, out, sp.temperature, sp)
+            else:
+                self._check_logprobs(model, prompt, out, sp.temperature)
         # each row sampled as if alone
         alone = backend.generate([prompts[1]], params[1])[0]
         if self.seeds_batch_invariant:

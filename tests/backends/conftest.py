@@ -29,3 +29,16 @@ def fresh_runtime(runtime, model_path):
     runtime.released = False
     yield runtime
     runtime.model.load_state_dict(original)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The numbers the real-vLLM tests measured (start-up, sync bytes and seconds, logprob agreement)."""
+    import sys
+
+    lines = [
+        line for name, mod in list(sys.modules.items()) if name.endswith("test_vllm") for line in mod.REPORT
+    ]
+    if lines:
+        terminalreporter.section("vLLM measurements")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -420,7 +420,9 @@ def test_option_lists_are_defined_once():
     from mas_train import config as C
 
     assert C.ADVANTAGE_MODES is advantages.MODES and C.ADVANTAGE_SCOPES is advantages.SCOPES
-    assert C.BACKENDS == backends.BACKEND_KINDS == ("hf", "sglang_engine", "sglang_http", "openai")
+    assert (
+        C.BACKENDS == backends.BACKEND_KINDS == ("hf", "sglang_engine", "sglang_http", "vllm_http", "openai")
+    )
     assert "shared_lora" in C.SHARING_MODES
 
 
@@ -601,6 +603,10 @@ def test_every_example_config_parses():
         warnings.simplefilter("error", DeprecationWarning)  # the examples use the current spellings
         configs = {p.name: TrainConfig.from_yaml(p) for p in paths}
     assert configs["gpu_single.yaml"].model_groups["shared"].backend_options["gpu_ids"] == [0]
+    vllm = configs["vllm_cpu.yaml"]
+    assert (vllm.backend, vllm.backend_options["kv_cache_gib"]) == ("vllm_http", 1)
+    vllm_group = vllm.resolve(AGENTS).model_groups["shared"]
+    assert vllm_group.backend_options.python == ".venv-vllm/bin/python" and vllm_group.lora is None
     assert configs["math_2agent_cpu.yaml"].grpo == {"loss_type": "dapo", "epsilon": 0.2, "beta": 0.0}
     # the default run written out is the default run (its grpo section only restates TRL's defaults)
     diff = config_diff(parse_args([]), configs["math_2agent_cpu.yaml"])

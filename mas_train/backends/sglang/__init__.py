@@ -50,6 +50,7 @@ import dataclasses
 from typing import Any
 
 from mas_train.backends.options import SGLangEngineOptions, SGLangHTTPOptions
+from mas_train.backends.server import load_initial_adapter as _load_initial_adapter
 from mas_train.backends.sglang.engine import SGLangEngineBackend
 from mas_train.backends.sglang.http import SGLangHTTPBackend
 from mas_train.backends.sglang.wire import (
@@ -194,27 +195,6 @@ def _server_flags(args: dict[str, Any]) -> list[str]:
         else:
             flags += [flag, str(value)]
     return flags
-
-
-def _load_initial_adapter(backend: Any, model: Any) -> Any:
-    """Load a LoRA group's adapter as it is at start-up (the PeftModel's), so the first requests already
-    select it; nothing for a full fine-tune or without a model. The backend is closed if SGLang refuses."""
-    if backend.lora_name is None or model is None:
-        return backend
-    from mas_train.lora import adapter_state
-
-    tensors = adapter_state(model, backend.lora_name)
-    if not tensors:
-        backend.close()
-        raise ValueError(
-            f"model group {backend.lora_name!r} has a lora section but its model has no adapter of that name"
-        )
-    try:
-        backend.load_adapter(tensors)
-    except BaseException:
-        backend.close()
-        raise
-    return backend
 
 
 def make_sglang_backend(group: Any, model: Any = None, tokenizer: Any = None) -> Any:

@@ -7,12 +7,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.server import HTTPServerClient, start_server_process
 from mas_train.backends.sglang.wire import (
     _check,
     _LoRASync,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["SGLangHTTPBackend"]
 
 
-class SGLangHTTPBackend(_LoRASync):
+class SGLangHTTPBackend(_LoRASync, HTTPServerClient):
     """Generation through an SGLang HTTP server (``python -m sglang.launch_server``), with only ``httpx`` here.
 
     Args:
@@ -60,6 +60,9 @@ class SGLangHTTPBackend(_LoRASync):
     CUDA IPC handles, which only work for a server on the same GPU node as the trainer.
     """
 
+    server_name = "SGLang"
+    launch_hint = "is `python -m sglang.launch_server --port ...` running?"
+
     def __init__(
         self,
         url: str = "http://127.0.0.1:30000",
@@ -76,28 +79,18 @@ class SGLangHTTPBackend(_LoRASync):
         lora_name: str | None = None,
         lora: Any = None,
     ) -> None:
-        import httpx
-
         if (lora_name is None) != (lora is None):
             raise ValueError("SGLangHTTPBackend: pass lora_name and lora together (a LoRA group), or neither")
         self.lora_name = lora_name
         self.lora = lora
         self.adapter_path = None
 
-        self.url = url.rstrip("/")
+        self._init_http(url, client, timeout, connect_retries, process)
         self.tokenizer = tokenizer
-        self.timeout = float(timeout)
-        self.connect_retries = max(1, int(connect_retries))
         self.model_config = model_config
         self.model_path = None if model_path is None else str(model_path)
         self.memory_saver = bool(memory_saver)
         self.weight_version = 0
-        self._owns_client = client is None
-        if client is None:
-            transport = httpx.HTTPTransport(retries=self.connect_retries - 1)
-            client = httpx.Client(base_url=self.url, timeout=self.timeout, transport=transport)
-        self.client = client
-        self._process = process
         self._tmp_weight_dir: tempfile.TemporaryDirectory | None = None
         if weight_dir is None:
             self._tmp_weight_dir = tempfile.TemporaryDirectory(prefix="mas_sglang_http_weights_")
@@ -144,8 +137,7 @@ class SGLangHTTPBackend(_LoRASync):
         if memory_saver:
             cmd += ["--enable-memory-saver"]
         cmd += list(extra_args)
-        proc_env = {**os.environ, **(env or {})}
-        proc = subprocess.Popen(cmd, env=proc_env)  # noqa: S603 - the command is built from typed arguments
+        proc = start_server_process(cmd, env)
         backend = cls(
             f"http://{host}:{port}",
             memory_saver=memory_saver,
@@ -160,54 +152,7 @@ class SGLangHTTPBackend(_LoRASync):
             raise
         return backend
 
-    def wait_until_healthy(self, timeout: float = 300.0, poll: float = 0.5) -> None:
-        """Poll ``GET /health`` until it answers 200.
-
-        A readiness wait, not a connect retry: a server loading its weights answers nothing for minutes, and an
-        owned server process that dies must end the wait at once, which httpx's transport retries cannot do.
-
-        Raises:
-            TimeoutError: no healthy answer within ``timeout`` seconds.
-            RuntimeError: the owned server process exited meanwhile.
-        """
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(
-                    f"SGLang server process exited with code {self._process.returncode} during start-up; "
-                    "see its log above"
-                )
-            try:
-                r = self.client.get("/health")
-                if r.status_code == 200:
-                    return
-                last = f"HTTP {r.status_code}"
-            except httpx.TransportError as e:
-                last = f"{type(e).__name__}: {e}"
-            time.sleep(poll)
-        raise TimeoutError(f"SGLang server at {self.url} not healthy after {timeout:.0f}s (last: {last})")
-
-    # -- HTTP plumbing -----------------------------------------------------------------------------------
-
-    def _request(self, method: str, path: str, payload: Any = None) -> httpx.Response:
-        import httpx
-
-        try:
-            # the timeout and the connect retries live on the client (set up in __init__)
-            return self.client.request(method, path, json=payload)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ConnectionError(
-                f"cannot reach the SGLang server at {self.url}{path} after {self.connect_retries} attempts "
-                f"({type(e).__name__}: {e}); is `python -m sglang.launch_server --port ...` running?"
-            ) from e
-        except httpx.TimeoutException as e:
-            raise TimeoutError(
-                f"SGLang {method} {self.url}{path} did not answer within {self.timeout:.0f}s; raise "
-                "backend_options.timeout for long generations"
-            ) from e
+    # -- HTTP plumbing (wait_until_healthy, _request: HTTPServerClient) ---------------------------------
 
     def _post_ok(self, path: str, payload: Any, what: str) -> httpx.Response:
         r = self._request("POST", path, payload)
@@ -354,15 +299,7 @@ class SGLangHTTPBackend(_LoRASync):
         if self._closed:
             return
         self._closed = True
-        if self._owns_client:
-            self.client.close()
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(timeout=30)
+        self._close_http()
         if self._tmp_weight_dir is not None:
             self._tmp_weight_dir.cleanup()
 
