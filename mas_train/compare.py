@@ -29,21 +29,23 @@ mean ± std over seeds (sample std, ``ddof=1``; none with one seed) of:
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
-
-from mas_train.plots import RunMetrics, load_run
+from mas_train.compare_report import (
+    EVAL_KEY,
+    RunSummary,
+    build_report,
+    count_spikes,
+    spearman,
+    summarize_run,
+)
+from mas_train.plots import load_run
 
 __all__ = [
     "RunSummary",
@@ -57,333 +59,7 @@ __all__ = [
     "train_one",
 ]
 
-SPIKE_FACTOR = 3.0
-SPIKE_WINDOW = 10
-_EVAL_KEY = re.compile(r"^eval/(avg|pass)@(\d+)$")
 _RESERVED = ("--advantage_mode", "--seed", "--output_dir", "--run_name", "--resume")
-
-
-def count_spikes(norms: Sequence[float], factor: float = SPIKE_FACTOR, window: int = SPIKE_WINDOW) -> int:
-    """Steps whose value exceeds ``factor`` x the median of the up to ``window`` values before it.
-
-    Args:
-        norms: one gradient norm per step, in step order.
-    """
-    x = np.asarray(norms, dtype=np.float64)
-    return int(sum(x[i] > factor * np.median(x[max(0, i - window) : i]) for i in range(1, x.size)))
-
-
-@dataclass
-class RunSummary:
-    """Numbers of one run for the report.
-
-    Attributes:
-        run_dir, mode, seed: the run, its ``advantage_mode`` and ``seed``.
-        k: the k of the eval metrics used (None when the run has no eval line).
-        final_avg, final_pass: last eval line's ``avg@k``, ``pass@k``.
-        gain_avg: ``avg@k`` of the last eval line minus the first (None with fewer than two eval lines).
-        grad: per agent ``{"median", "p95", "max", "spikes", "steps"}`` of ``losses/grad_norm/<agent>``.
-        factor: per agent, mean of ``lemma/factor/<agent>`` over steps.
-        factor_norm: ``(factor, grad norm)`` of every (step, agent) where both are logged and the norm is > 0.
-    """
-
-    run_dir: str
-    mode: str
-    seed: int
-    k: int | None = None
-    final_avg: float | None = None
-    final_pass: float | None = None
-    gain_avg: float | None = None
-    grad: dict[str, dict[str, float]] = field(default_factory=dict)
-    factor: dict[str, float] = field(default_factory=dict)
-    factor_norm: list[tuple[float, float]] = field(default_factory=list)
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's rank correlation of two equal-length samples (Pearson's r of their ranks; ties averaged).
-
-    Returns:
-        rho in [-1, 1], or None with fewer than 3 points or when either sample is constant.
-    """
-    import pandas as pd  # a dependency of `datasets`; its rank() averages ties as Spearman's rho needs
-
-    if len(x) != len(y):
-        raise ValueError(f"spearman needs samples of equal length, got {len(x)} and {len(y)}")
-    if len(x) < 3:
-        return None
-    rx = pd.Series(x, dtype="float64").rank().to_numpy()
-    ry = pd.Series(y, dtype="float64").rank().to_numpy()
-    if rx.std() == 0 or ry.std() == 0:
-        return None
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def _run_config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; mas-compare needs run folders written by mas-train")
-    cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if "advantage_mode" not in cfg:
-        raise ValueError(f"{path} has no advantage_mode; cannot tell which mode the run used")
-    return cfg
-
-
-def summarize_run(run_dir: str | Path, metrics: RunMetrics | None = None) -> RunSummary:
-    """The report numbers of one run folder (``config.yaml`` + ``metrics.jsonl``).
-
-    Raises:
-        FileNotFoundError: no ``config.yaml`` or ``metrics.jsonl``.
-        ValueError: ``config.yaml`` without ``advantage_mode``.
-    """
-    run_dir = Path(run_dir)
-    cfg = _run_config(run_dir)
-    m = metrics or load_run(run_dir)
-    s = RunSummary(str(run_dir), str(cfg["advantage_mode"]), int(cfg.get("seed", 0)))
-    ks = sorted({int(g.group(2)) for k in m.series if (g := _EVAL_KEY.match(k))})
-    if ks:
-        s.k = ks[-1]
-        avg = m.get(f"eval/avg@{s.k}")[1]
-        pas = m.get(f"eval/pass@{s.k}")[1]
-        s.final_avg = avg[-1] if avg else None
-        s.final_pass = pas[-1] if pas else None
-        s.gain_avg = avg[-1] - avg[0] if len(avg) >= 2 else None
-    for key in m.keys("losses/grad_norm/"):
-        norms = m.get(key)[1]
-        s.grad[key.split("/", 2)[2]] = {
-            "median": float(np.median(norms)),
-            "p95": float(np.percentile(norms, 95)),
-            "max": float(np.max(norms)),
-            "spikes": float(count_spikes(norms)),
-            "steps": float(len(norms)),
-        }
-    for key in m.keys("lemma/factor/"):
-        agent = key.split("/", 2)[2]
-        s.factor[agent] = float(np.mean(m.get(key)[1]))
-        norms = dict(zip(*m.get(f"losses/grad_norm/{agent}"), strict=True))
-        s.factor_norm += [(f, norms[st]) for st, f in zip(*m.get(key), strict=True) if norms.get(st, 0) > 0]
-    return s
-
-
-def _agg(values: Sequence[float | None]) -> dict[str, Any]:
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    return {
-        "mean": float(np.mean(v)) if v else None,
-        "std": float(np.std(v, ddof=1)) if len(v) >= 2 else None,
-        "values": [None if x is None else float(x) for x in values],
-    }
-
-
-def _fmt(a: dict[str, Any], digits: int = 3) -> str:
-    if a["mean"] is None:
-        return "–"
-    s = f"{a['mean']:.{digits}f}"
-    return s + (f" ± {a['std']:.{digits}f}" if a["std"] is not None else "")
-
-
-def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Any]:
-    """Write ``summary.md``, ``summary.json`` and the PNGs for ``run_dirs`` into ``out_dir``.
-
-    Returns:
-        The ``summary.json`` content: ``{"modes": {mode: {"seeds", "runs", "k", "final_avg", "final_pass",
-        "gain_avg", "grad": {agent: {stat: agg}}, "factor": {agent: agg}}}, "runs": [per-run numbers], "files":
-        [written paths]}``, each ``agg`` being ``{"mean", "std", "values"}`` over seeds.
-
-    Raises:
-        ValueError: no run folders, or runs of one mode disagree on the eval k.
-        FileNotFoundError: a run folder without ``config.yaml`` or ``metrics.jsonl``.
-    """
-    if not run_dirs:
-        raise ValueError("no run folders given; pass --runs DIR [DIR ...]")
-    for d in run_dirs:  # every folder checked before anything is read or written
-        _run_config(Path(d))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = {str(d): load_run(d) for d in run_dirs}
-    runs = [summarize_run(d, metrics[str(d)]) for d in run_dirs]
-    by_mode: dict[str, list[RunSummary]] = {}
-    for r in sorted(runs, key=lambda r: (r.mode, r.seed)):
-        by_mode.setdefault(r.mode, []).append(r)
-    modes: dict[str, Any] = {}
-    for mode, rs in by_mode.items():
-        k_set = {r.k for r in rs if r.k is not None}
-        if len(k_set) > 1:
-            raise ValueError(f"runs of mode {mode} were evaluated with different k {sorted(k_set)}")
-        agents = list(dict.fromkeys(a for r in rs for a in r.grad))
-        f_agents = list(dict.fromkeys(a for r in rs for a in r.factor))
-        modes[mode] = {
-            "seeds": [r.seed for r in rs],
-            "runs": [r.run_dir for r in rs],
-            "k": next(iter(k_set), None),
-            "final_avg": _agg([r.final_avg for r in rs]),
-            "final_pass": _agg([r.final_pass for r in rs]),
-            "gain_avg": _agg([r.gain_avg for r in rs]),
-            "grad": {
-                a: {
-                    st: _agg([r.grad[a][st] if a in r.grad else None for r in rs])
-                    for st in ("median", "p95", "max", "spikes")
-                }
-                for a in agents
-            },
-            "factor": {a: _agg([r.factor.get(a) for r in rs]) for a in f_agents},
-            "factor_norm_spearman": {
-                "rho": spearman(*zip(*pts, strict=True))
-                if (pts := [p for r in rs for p in r.factor_norm])
-                else None,
-                "points": len(pts),
-            },
-        }
-    files = _report_plots(by_mode, metrics, out)
-    ranked = sorted(
-        (m["final_avg"]["mean"], mode) for mode, m in modes.items() if m["final_avg"]["mean"] is not None
-    )
-    summary = {
-        "modes": modes,
-        "ranking": [mode for _, mode in ranked],
-        "runs": [r.__dict__ for r in runs],
-        "files": [str(p) for p in files],
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(_markdown(modes, summary["ranking"], files, out), encoding="utf-8")
-    summary["files"] = [str(out / "summary.md"), str(out / "summary.json"), *summary["files"]]
-    return summary
-
-
-def _markdown(modes: dict[str, Any], ranking: Sequence[str], files: Sequence[Path], out: Path) -> str:
-    lines = ["# mas-compare: advantage modes", ""]
-    lines.append("Mean ± std over seeds (sample std; none with one seed). Gain = last − first eval line.")
-    lines += ["", "| mode | seeds | final avg@k | final pass@k | gain avg@k |", "|---|---|---|---|---|"]
-    for mode, m in modes.items():
-        k = m["k"] if m["k"] is not None else "k"
-        lines.append(
-            f"| {mode} | {','.join(map(str, m['seeds']))} | {_fmt(m['final_avg'])} (k={k}) | "
-            f"{_fmt(m['final_pass'])} | {_fmt(m['gain_avg'], 3)} |"
-        )
-    lines += [
-        "",
-        f"Gradient norm per agent (`losses/grad_norm/<agent>` over steps). Spike = a step whose norm exceeds "
-        f"{SPIKE_FACTOR:g}x the median of the previous {SPIKE_WINDOW} steps. Factor = mean Lemma 4.2 factor "
-        "`lemma/factor/<agent>` (1 = a global baseline costs the agent nothing).",
-        "",
-        "| mode | agent | median | p95 | max | spike steps | lemma factor |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for mode, m in modes.items():
-        for a in dict.fromkeys([*m["grad"], *m["factor"]]):
-            g = m["grad"].get(a)
-            cells = [_fmt(g[st]) for st in ("median", "p95", "max")] if g else ["–"] * 3
-            cells.append(_fmt(g["spikes"], 1) if g else "–")
-            cells.append(_fmt(m["factor"][a]) if a in m["factor"] else "–")
-            lines.append(f"| {mode} | {a} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Does the factor predict the norms? Spearman's ρ between `lemma/factor/<agent>` and "
-        "`losses/grad_norm/<agent>` over the (run, step, agent) points with a non-zero norm:",
-        "",
-        "| mode | ρ | points |",
-        "|---|---|---|",
-    ]
-    for mode, m in modes.items():
-        rho, n = m["factor_norm_spearman"]["rho"], m["factor_norm_spearman"]["points"]
-        lines.append(f"| {mode} | {'–' if rho is None else f'{rho:.2f}'} | {n} |")
-    if ranking:
-        lines += ["", "Modes by mean final avg@k, lowest first: " + " < ".join(ranking) + "."]
-    lines += [""] + [f"![{p.stem}]({p.relative_to(out)})" for p in files] + [""]
-    return "\n".join(lines)
-
-
-def _mode_band(rs: Sequence[RunMetrics], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Steps logged by every seed, and the mean, min and max over seeds at those steps."""
-    per = [dict(zip(*r.get(key), strict=True)) for r in rs]
-    per = [p for p in per if p]
-    if not per:
-        return (np.zeros(0),) * 4
-    steps = sorted(set.intersection(*(set(p) for p in per)))
-    v = np.array([[p[s] for s in steps] for p in per])
-    return np.array(steps), v.mean(0), v.min(0), v.max(0)
-
-
-def _band_figure(
-    by_mode: dict[str, list[RunSummary]],
-    metrics: dict[str, RunMetrics],
-    panels: Sequence[tuple[str, str, str]],
-    title: str,
-    path: Path,
-    hline: float | None = None,
-) -> Path | None:
-    from mas_train.plots import _plt, style_axes
-
-    has = [p for p in panels if any(metrics[r.run_dir].get(p[1])[0] for rs in by_mode.values() for r in rs)]
-    if not has:
-        return None
-    plt = _plt()
-    fig, axes = plt.subplots(
-        1, len(has), figsize=(max(7.0, 5.2 * len(has)), 4.2), squeeze=False, constrained_layout=True
-    )
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (ptitle, key, ylabel) in zip(axes.flat, has, strict=True):
-        for j, (mode, rs) in enumerate(by_mode.items()):
-            steps, mean, lo, hi = _mode_band([metrics[r.run_dir] for r in rs], key)
-            if not steps.size:
-                continue
-            c = colors[j % len(colors)]
-            ax.plot(
-                steps,
-                mean,
-                "-",
-                marker="o" if steps.size < 3 else None,
-                color=c,
-                label=f"{mode} (n={len(rs)})",
-            )
-            if len(rs) > 1:
-                ax.fill_between(steps, lo, hi, color=c, alpha=0.2, lw=0)
-        style_axes(ax, ptitle, ylabel, hline=hline)
-        ax.legend(fontsize=8)
-    fig.suptitle(title + "\n(line = mean over seeds, band = min–max over seeds)", fontsize=11)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def _report_plots(
-    by_mode: dict[str, list[RunSummary]], metrics: dict[str, RunMetrics], out: Path
-) -> list[Path]:
-    all_runs = list(metrics.values())
-    agents = list(dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("losses/grad_norm/")))
-    f_agents = list(dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lemma/factor/")))
-    figs = [
-        _band_figure(
-            by_mode,
-            metrics,
-            [
-                ("team reward (mean over trajectories)", "charts/reward", "reward"),
-                ("success rate", "charts/success_rate", "fraction of trajectories"),
-            ],
-            "Training reward per advantage mode",
-            out / "reward.png",
-        )
-    ]
-    for a in agents:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", a)
-        figs.append(
-            _band_figure(
-                by_mode,
-                metrics,
-                [(a, f"losses/grad_norm/{a}", "gradient L2 norm")],
-                f"Gradient norm of {a} per advantage mode",
-                out / f"grad_norm_{safe}.png",
-            )
-        )
-    figs.append(
-        _band_figure(
-            by_mode,
-            metrics,
-            [(a, f"lemma/factor/{a}", r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$") for a in f_agents],
-            "Lemma 4.2 factor per agent",
-            out / "lemma_factor.png",
-            hline=1.0,
-        )
-    )
-    return [p for p in figs if p is not None]
 
 
 # -- training side ---------------------------------------------------------------------------------------------
@@ -409,7 +85,7 @@ def is_finished(run_dir: str | Path, max_steps: int, eval_on: bool) -> bool:
         m = load_run(run_dir)
     except (FileNotFoundError, ValueError):
         return False
-    return any(_EVAL_KEY.match(k) and max_steps in m.get(k)[0] for k in m.series)
+    return any(EVAL_KEY.match(k) and max_steps in m.get(k)[0] for k in m.series)
 
 
 def _train_argv(argv: Sequence[str]) -> str:
