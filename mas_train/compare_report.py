@@ -263,14 +263,16 @@ def _markdown(modes: dict[str, Any], ranking: Sequence[str], files: Sequence[Pat
 
 
 def _mode_band(rs: Sequence[RunMetrics], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Steps logged by every seed, and the mean, min and max over seeds at those steps."""
+    """Steps logged by any seed, and the mean, min and max over the seeds that logged each one (a metric can be
+    undefined at a step of one seed, e.g. the Lemma 4.2 factor when every task group's rewards are equal; a
+    line that stopped there would read as a missing run)."""
     per = [dict(zip(*r.get(key), strict=True)) for r in rs]
     per = [p for p in per if p]
     if not per:
         return (np.zeros(0),) * 4
-    steps = sorted(set.intersection(*(set(p) for p in per)))
-    v = np.array([[p[s] for s in steps] for p in per])
-    return np.array(steps), v.mean(0), v.min(0), v.max(0)
+    steps = sorted(set().union(*(set(p) for p in per)))
+    v = np.array([[p.get(s, np.nan) for s in steps] for p in per])
+    return np.array(steps), np.nanmean(v, 0), np.nanmin(v, 0), np.nanmax(v, 0)
 
 
 def _band_figure(

@@ -195,3 +195,18 @@ def test_tiny_two_modes_as_concurrent_ray_tasks(tmp_path, tiny_qwen3_path, monke
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert sorted(summary["modes"]) == ["drmas", "grpo"]
     assert all(is_finished(tmp_path / "runs" / f"{m}__seed0", 1, False) for m in ("drmas", "grpo"))
+
+
+def test_mode_band_keeps_steps_a_seed_did_not_log():
+    from pathlib import Path
+
+    from mas_train.compare_report import _mode_band
+    from mas_train.plots import RunMetrics
+
+    a = RunMetrics(Path("a"), "a", {"k": ([1, 2, 3], [1.0, 2.0, 3.0])})
+    b = RunMetrics(Path("b"), "b", {"k": ([1, 3], [3.0, 5.0])})  # undefined at step 2 in this seed
+    steps, mean, lo, hi = _mode_band([a, b], "k")
+    assert steps.tolist() == [1, 2, 3]
+    assert (
+        mean.tolist() == [2.0, 2.0, 4.0] and lo.tolist() == [1.0, 2.0, 3.0] and hi.tolist() == [3.0, 2.0, 5.0]
+    )
