@@ -323,15 +323,19 @@ def _report_plots(
     all_runs = list(metrics.values())
     agents = list(dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("losses/grad_norm/")))
     f_agents = list(dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lemma/factor/")))
+    panels = [("team reward (mean over trajectories)", "charts/reward", "reward")]
+    # success rate only where it says something the reward does not (in the math envs they are equal)
+    if any(r.get("charts/success_rate") != r.get("charts/reward") for r in all_runs):
+        panels.append(("success rate", "charts/success_rate", "fraction of trajectories"))
+    ks = sorted({int(g.group(2)) for r in all_runs for k in r.series if (g := EVAL_KEY.match(k))})
+    if ks:
+        panels.append((f"held-out evaluation avg@{ks[-1]}", f"eval/avg@{ks[-1]}", f"avg@{ks[-1]}"))
     figs = [
         _band_figure(
             by_mode,
             metrics,
-            [
-                ("team reward (mean over trajectories)", "charts/reward", "reward"),
-                ("success rate", "charts/success_rate", "fraction of trajectories"),
-            ],
-            "Training reward per advantage mode",
+            panels,
+            "Reward per advantage mode: training batches and held-out evaluation",
             out / "reward.png",
         )
     ]
