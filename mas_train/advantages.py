@@ -229,8 +229,9 @@ class AgentLemmaStats:
         defined_frac: fraction of those groups with σ > 0, in [0, 1] (NaN when ``groups`` is 0).
         factor: mean over the defined groups of :math:`(\sigma_k^2 + (\mu_k - \mu)^2) / \sigma^2`
             (Lemma 4.2; 1 means a global baseline costs this agent nothing); NaN when no group is defined.
-        mu_k: mean of the per-group agent mean μ_k (eq. 5, over the agent's turns).
-        sigma_k: mean of the per-group agent population std σ_k.
+        mu_k: mean of the per-group μ_k: the mean trajectory score over the agent's turns (eq. 5's μ_k when no
+            turn is penalised).
+        sigma_k: mean of the per-group σ_k, the population std of the same values.
         mu: mean of the per-group global mean μ (eq. 2, over trajectories).
         sigma: mean of the per-group global population std σ.
     """
@@ -255,9 +256,12 @@ def lemma_factors(
     Lemma 4.2 (Dr. MAS, arXiv 2602.08847): with the global advantage :math:`(r - \mu)/\sigma`, the second
     moment of agent k's per-turn gradient :math:`z \cdot A` is
     :math:`E\|z\|^2 \, (\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2 + \Delta_k`; this returns that factor from the
-    batch's scores, independent of the ``advantage_mode`` the run trains with. Statistics are those of
-    :func:`compute_advantages` with ``scope="group"``: μ, σ over the trajectory scores of the task group
-    (eq. 2), μ_k, σ_k over agent k's turn scores in it (eq. 5), population stds.
+    batch's scores, independent of the ``advantage_mode`` the run trains with. Statistics per task group
+    (``scope="group"``), population stds: μ, σ over the trajectory scores :math:`r_i` (eq. 2); μ_k, σ_k over
+    the trajectory scores of agent k's turns (a trajectory counts once per turn of k), i.e. over the reward
+    GRPO's advantage gives those turns, so the factor equals the mean of GRPO's :math:`A^2` over agent k's turns.
+    Without invalid-action penalties a turn's score is its trajectory's, and μ_k, σ_k are eq. 5's; with
+    penalties eq. 5 (``drmas``) uses the turn's own score ``s``, which this factor does not.
 
     Args:
         scores, group_ids, traj_ids, agent_ids: ``(N,)`` each, as for :func:`compute_advantages`.
@@ -289,7 +293,11 @@ def lemma_factors(
     traj_group = np.zeros(n_traj, dtype=np.int64)
     traj_group[t] = g
     mu_g, sigma_g = _mean_std(r, traj_group)
-    mu_ga, sigma_ga = _mean_std(s, ga)
+    # Lemma 4.2's mu_k, sigma_k are of the reward the global baseline is applied to, over agent k's turns: under
+    # GRPO (eq. 2) every turn of trajectory i gets r_i, so they are taken over r_i, not over the turn's own score
+    # s (which carries its invalid-action penalty undiluted). The factor is then exactly the mean of GRPO's A^2
+    # over agent k's turns of the group (up to eps); without penalties s = r and these are eq. 5's statistics.
+    mu_ga, sigma_ga = _mean_std(r[t], ga)
     # one row per (group, agent) key: its group, its agent
     n_ga = int(ga.max()) + 1
     key_group = np.zeros(n_ga, dtype=np.int64)

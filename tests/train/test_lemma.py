@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mas_train.advantages import lemma_factors, lemma_metrics
+from mas_train.advantages import compute_advantages, lemma_factors, lemma_metrics
 from mas_train.lemma import Kind, LemmaSetup, measure, predict, sweep_setup
 
 # Three task groups; no penalties, so a turn's score is its trajectory's R.
@@ -70,12 +70,25 @@ def test_lemma_metrics_names_and_undefined_agent():
     assert math.isnan(m["lemma/factor/judge"]) and m["lemma/defined_frac/judge"] == 0.0
 
 
-def test_lemma_factor_trajectory_score_is_the_mean_of_its_turns():
-    # a penalised turn: t1 = solver 1.0, verifier 0.9 -> r1 = 0.95; t2 = 0, 0 -> mu = 0.475, sigma = 0.475
-    st = lemma_factors([1.0, 0.9, 0.0, 0.0], [0] * 4, [0, 0, 1, 1], ["s", "v", "s", "v"])
-    # solver: mu_k = 0.5, sigma_k = 0.5 -> (0.25 + 0.025^2) / 0.475^2
-    assert st["s"].factor == pytest.approx((0.25 + 0.025**2) / 0.475**2)
-    assert st["v"].factor == pytest.approx((0.45**2 + 0.025**2) / 0.475**2)
+def test_lemma_factor_uses_the_reward_grpo_gives_each_turn():
+    # penalised turns: t1 = solver 1.0, verifier 0.9 -> r1 = 0.95; t2 = solver 0, solver 0, verifier 0 -> r2 = 0;
+    # t3 = solver 1, verifier 1 -> r3 = 1. mu = 0.65, sigma^2 = (0.3^2 + 0.65^2 + 0.35^2) / 3 = 0.211667.
+    scores = [1.0, 0.9, 0.0, 0.0, 0.0, 1.0, 1.0]
+    trajs = [1, 1, 2, 2, 2, 3, 3]
+    agents = ["s", "v", "s", "s", "v", "s", "v"]
+    st = lemma_factors(scores, [0] * 7, trajs, agents)
+    var = (0.3**2 + 0.65**2 + 0.35**2) / 3
+    # the solver's turns get r = [0.95, 0, 0, 1] under GRPO (it acted twice in the failed trajectory)
+    assert st["s"].factor == pytest.approx((0.3**2 + 2 * 0.65**2 + 0.35**2) / 4 / var)
+    assert st["s"].mu_k == pytest.approx(1.95 / 4)
+    # the verifier acts once per trajectory: its turns' rewards are the trajectories' -> exactly 1, although its
+    # own penalised score 0.9 differs from r1 (over the turn scores the factor would be 0.957)
+    assert st["v"].factor == pytest.approx(1.0)
+    # and the factor is what GRPO's advantages give: the mean of A^2 over each agent's turns
+    adv = compute_advantages(scores, [0] * 7, trajs, agents, mode="grpo", eps=0.0)
+    for a in ("s", "v"):
+        mask = np.array(agents) == a
+        assert st[a].factor == pytest.approx(float(np.mean(adv[mask] ** 2)))
 
 
 def test_lemma_factor_rejects_bad_input():
