@@ -248,11 +248,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="local: one run after the other in this process (default); ray: every run a Ray task, as many at "
         "once as the cluster fits (--run_cpus/--run_gpus each); the runs' own workers stay in their task",
     )
-    ap.add_argument("--run_cpus", type=float, default=1.0, help="CPUs per run with --pool ray (default 1)")
-    ap.add_argument("--run_gpus", type=float, default=0.0, help="GPUs per run with --pool ray (default 0)")
+    ap.add_argument("--run_cpus", type=float, default=None, help="CPUs per run with --pool ray (default 1)")
+    ap.add_argument("--run_gpus", type=float, default=None, help="GPUs per run with --pool ray (default 0)")
     args, rest = ap.parse_known_args(argv)
+    placed = [f for f, v in (("--run_cpus", args.run_cpus), ("--run_gpus", args.run_gpus)) if v is not None]
+    if placed and (args.pool != "ray" or args.runs is not None):
+        ap.error(
+            f"{'/'.join(placed)} size the Ray task of each training run: add --pool ray (and drop --runs)"
+        )
+    if any(v is not None and v < 0 for v in (args.run_cpus, args.run_gpus)):
+        ap.error("--run_cpus and --run_gpus must be >= 0")
     try:
         if args.runs is not None:
+            if args.pool != "local":
+                ap.error("--runs builds a report only; --pool places training runs: remove it")
             if rest:
                 ap.error(f"--runs builds a report only; unexpected flags {' '.join(rest)}")
             run_dirs = [Path(r) for r in args.runs]
@@ -268,7 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError:
                 ap.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
             run_dirs, _ = run_comparison(
-                rest, modes, seeds, args.out, pool=args.pool, run_cpus=args.run_cpus, run_gpus=args.run_gpus
+                rest,
+                modes,
+                seeds,
+                args.out,
+                pool=args.pool,
+                run_cpus=1.0 if args.run_cpus is None else args.run_cpus,
+                run_gpus=0.0 if args.run_gpus is None else args.run_gpus,
             )
         summary = build_report(run_dirs, args.out)
     except (FileNotFoundError, ValueError, RuntimeError, ImportError, argparse.ArgumentTypeError) as err:

@@ -173,6 +173,20 @@ def test_pool_ray_refusals(tmp_path):
         run_comparison([*flags, "--pool", "ray"], ["drmas"], [0], tmp_path, pool="ray")
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--run_gpus", "1"], "--run_gpus size the Ray task of each training run: add --pool ray"),
+        (["--pool", "ray", "--run_cpus", "-1"], "--run_cpus and --run_gpus must be >= 0"),
+        (["--runs", "r", "--pool", "ray"], "--pool places training runs: remove it"),
+    ],
+)
+def test_placement_flags_not_honoured_are_refused(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path), *flags])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_tiny_two_modes_as_concurrent_ray_tasks(tmp_path, tiny_qwen3_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
