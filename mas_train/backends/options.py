@@ -249,14 +249,24 @@ class SGLangHTTPOptions(_SGLangCommon):
         _check_gpus(self.gpu_ids, self.tp_size, self.mem_fraction_static)
         self._check_lora_fields()
         _check_no_lora_passthrough(self.extra_args, "extra_args")
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
-        if self.startup_timeout is not None and self.startup_timeout <= 0:
-            raise ValueError(f"startup_timeout must be > 0 seconds or None, got {self.startup_timeout}")
-        if self.connect_retries < 1:
-            raise ValueError(f"connect_retries must be >= 1, got {self.connect_retries}")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        _check_http_client(self)
+
+
+def _check_http_client(o: Any) -> None:
+    """The checks every server-backed options class shares: ``url``, ``timeout``, ``startup_timeout``,
+    ``connect_retries``.
+
+    Raises:
+        ValueError: the first bad field, named.
+    """
+    if o.url is not None and not o.url.startswith(("http://", "https://")):
+        raise ValueError(f"url must start with http:// or https://, got {o.url!r}")
+    if o.timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {o.timeout}")
+    if o.startup_timeout is not None and o.startup_timeout <= 0:
+        raise ValueError(f"startup_timeout must be > 0 seconds or None, got {o.startup_timeout}")
+    if o.connect_retries < 1:
+        raise ValueError(f"connect_retries must be >= 1, got {o.connect_retries}")
 
 
 def _default_sync_dir() -> str | None:
@@ -341,8 +351,7 @@ class VLLMHTTPOptions:
     )
 
     def __post_init__(self) -> None:
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        _check_http_client(self)
         if self.url is not None and self.python is not None:
             raise ValueError("give either url (a running server) or python (launch one), not both")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
@@ -362,12 +371,6 @@ class VLLMHTTPOptions:
         for arg in self.extra_args:
             if str(arg).split("=", 1)[0] in _VLLM_OWNED_FLAGS:
                 raise ValueError(f"extra_args sets {arg!r}, which a typed option (or the model group) owns")
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
-        if self.startup_timeout is not None and self.startup_timeout <= 0:
-            raise ValueError(f"startup_timeout must be > 0 seconds or None, got {self.startup_timeout}")
-        if self.connect_retries < 1:
-            raise ValueError(f"connect_retries must be >= 1, got {self.connect_retries}")
 
 
 @dataclass
