@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.hf_kernels import PackedLinears, onednn_available, preallocated_cache
 from mas_train.backends.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -99,10 +100,14 @@ class HFBackend:
         seed: seeds the per-request seeds of requests that have none, so a run is reproducible as a whole.
         eos_token_ids: ids that end generation; default: the tokenizer's EOS plus the model's
             ``generation_config.eos_token_id`` (e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``).
+        packed_linears: run the large linear layers through oneDNN-packed copies of their weights while
+            sampling (:class:`~mas_train.backends.hf_kernels.PackedLinears`: 1.6-2.3x faster decode GEMMs on
+            CPU, logits equal up to float rounding, one more copy of the weights). ``None`` (default): on when
+            generating on CPU with a torch build that has oneDNN; ``False``: plain ``F.linear``.
 
     Raises:
         ValueError: ``max_batch_size < 1``; ``device``/``dtype`` given with ``share_model=True``; a tokenizer
-            with neither pad nor EOS token.
+            with neither pad nor EOS token; ``packed_linears=True`` off CPU or without oneDNN.
 
     Requests are sorted by prompt length (identical prompts next to each other, so they land in the same batch),
     split into batches of at most ``max_batch_size`` rows, left-padded, prefilled once per distinct prompt (the
@@ -121,11 +126,18 @@ class HFBackend:
         max_batch_size: int | None = None,
         seed: int = 0,
         eos_token_ids: Iterable[int] | None = None,
+        packed_linears: bool | None = None,
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
         model_device = next(model.parameters()).device
         self.device = torch.device(device) if device is not None else model_device
+        can_pack = self.device.type == "cpu" and onednn_available()
+        if packed_linears and not can_pack:
+            raise ValueError(
+                f"packed_linears=True needs generation on CPU with a oneDNN torch build (device {self.device}, "
+                f"oneDNN {onednn_available()}); use packed_linears=None or False"
+            )
         self.share_model = bool(share_model)
         if share_model:
             if self.device != model_device or dtype is not None:
@@ -161,6 +173,10 @@ class HFBackend:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_last_logits = "logits_to_keep" in params
         self._share_prefill = True  # turned off for good if the model's cache cannot select batch rows
+        self._packed = (
+            PackedLinears(self._model) if (can_pack if packed_linears is None else packed_linears) else None
+        )
+        self._reserve = 0  # KV positions a new cache leaves free: the current batch's decode steps
 
     @property
     def model(self) -> PreTrainedModel:
@@ -220,7 +236,8 @@ class HFBackend:
         order = sorted(range(n), key=lambda i: (-len(prompts[i]), prompts[i], names[i] if names else ""))
         step = self.max_batch_size or max(n, 1)
         results: list[GenerationOutput | None] = [None] * n
-        with torch.inference_mode(), self._eval_mode():
+        packed = self._packed.active() if self._packed is not None else contextlib.nullcontext()
+        with torch.inference_mode(), self._eval_mode(), packed:
             for start in range(0, n, step):
                 idx = order[start : start + step]
                 outs = self._generate_batch(
@@ -355,6 +372,8 @@ class HFBackend:
         cache: Any,
         adapters: list[str] | None = None,
     ) -> tuple:
+        if cache is None:  # None: the model builds its own (e.g. sliding-window or linear-attention layers)
+            cache = preallocated_cache(self._model.config, self._reserve)
         kwargs: dict[str, Any] = {
             "input_ids": ids,
             "attention_mask": mask,
@@ -513,9 +532,11 @@ class HFBackend:
         stop_hit: list[str | None] = [None] * b
         rows = list(range(b))  # batch position -> request index; finished rows leave the batch
         eos = self.eos_token_ids
-        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos, adapters)
-        # The attention mask of every later step is a prefix of one preallocated buffer (no per-step cat).
+        # The attention mask of every later step is a prefix of one preallocated buffer (no per-step cat), and
+        # so are the KV cache's keys and values (PreallocatedLayer).
         steps = max(sp.max_new_tokens for sp in params)
+        self._reserve = steps
+        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos, adapters)
         cols = mask.shape[1]
         mask_buf = torch.ones((b, cols + steps), dtype=mask.dtype, device=dev)
         mask_buf[:, :cols] = mask

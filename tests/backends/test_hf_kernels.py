@@ -1,0 +1,133 @@
+"""The HF backend's CPU decode kernels: oneDNN-packed linears and the preallocated KV cache."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicLayer
+
+from mas_train.backends import hf_kernels
+from mas_train.backends.base import SamplingParams
+from mas_train.backends.hf import HFBackend
+from mas_train.backends.hf_kernels import PackedLinears, PreallocatedLayer, onednn_available, preallocated_cache
+from mas_train.backends.testing import BackendContract, chat_prompt
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.fixture
+def pack_everything(monkeypatch):
+    # the tiny test model's layers are far below the packing threshold: pack every linear so the tests cover them
+    monkeypatch.setattr(hf_kernels, "MIN_PACKED_NUMEL", 0)
+
+
+@needs_onednn
+class TestHFBackendPackedEverywhere(BackendContract):
+    """The whole backend contract with every linear layer of the tiny model packed."""
+
+    @pytest.fixture
+    def make_backend(self, tiny_model_and_tokenizer, pack_everything):
+        model, tok = tiny_model_and_tokenizer
+        return lambda: HFBackend(model, tok, seed=0, packed_linears=True)
+
+
+@needs_onednn
+def test_packed_forward_matches_f_linear_and_is_removed_after():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(576, 1536)
+    small = torch.nn.Linear(576, 16, bias=False)  # a LoRA-sized factor: below the threshold, not packed
+    model = torch.nn.Sequential(lin, torch.nn.ReLU(), torch.nn.Linear(1536, 576), small)
+    packed = PackedLinears(model)
+    assert [type(m) for m in packed.linears()] == [torch.nn.Linear, torch.nn.Linear]
+    assert small not in packed.linears()
+    x = torch.randn(8, 576)
+    with torch.no_grad():
+        want = model(x)
+        with packed.active():
+            assert "forward" in lin.__dict__ and "forward" not in small.__dict__
+            got = model(x)
+            one = lin(x)
+    assert "forward" not in lin.__dict__  # the class's forward again: training never sees the packed op
+    assert not torch.equal(got, torch.zeros_like(got))
+    assert (got - want).abs().max().item() < 1e-4
+    assert (one - F.linear(x, lin.weight, lin.bias)).abs().max().item() < 1e-4
+
+
+@needs_onednn
+def test_a_changed_weight_is_repacked():
+    lin = torch.nn.Linear(512, 256, bias=False)
+    packed = PackedLinears(lin)
+    assert packed.refresh() == 1 and packed.refresh() == 0  # nothing changed: nothing repacked
+    x = torch.randn(4, 512)
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)  # an in-place optimizer step
+        with packed.active():
+            got = lin(x)
+        assert (got - x @ lin.weight.T).abs().max().item() < 1e-4
+        assert packed.refresh() == 0
+        lin.weight = torch.nn.Parameter(torch.ones(256, 512))  # a new tensor (a load, a sync that rebinds)
+        assert packed.refresh() == 1
+        with packed.active():
+            assert torch.allclose(lin(x), x.sum(-1, keepdim=True).expand(4, 256), atol=1e-4)
+
+
+@needs_onednn
+def test_a_hooked_forward_is_left_alone():
+    lin = torch.nn.Linear(512, 256)
+    hooked = lin.forward
+    lin.forward = lambda x: hooked(x) * 0  # e.g. accelerate's hook: an instance forward
+    assert PackedLinears(lin).linears() == []
+
+
+def test_packed_linears_refused_off_cpu_or_without_onednn(tiny_model_and_tokenizer, monkeypatch):
+    model, tok = tiny_model_and_tokenizer
+    monkeypatch.setattr("mas_train.backends.hf.onednn_available", lambda: False)
+    with pytest.raises(ValueError, match="packed_linears=True needs generation on CPU with a oneDNN"):
+        HFBackend(model, tok, packed_linears=True)
+    assert HFBackend(model, tok)._packed is None  # the default falls back to F.linear
+
+
+def test_preallocated_layer_equals_a_growing_cat():
+    torch.manual_seed(0)
+    pre, ref = PreallocatedLayer(reserve=3), DynamicLayer()
+    chunks = [torch.randn(2, 3, n, 4) for n in (5, 1, 1, 1, 1, 2, 1)]  # prefill, then decode steps past reserve
+    for c in chunks:
+        k1, v1 = pre.update(c, -c)
+        k2, v2 = ref.update(c, -c)
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+        assert pre.get_seq_length() == ref.get_seq_length()
+    assert pre.get_seq_length() == 12
+    idx = torch.tensor([1, 1, 0])  # repeated rows: a distinct prompt copied to the rows that share it
+    pre.batch_select_indices(idx)
+    ref.batch_select_indices(idx)
+    step = torch.randn(3, 3, 1, 4)
+    k1, _ = pre.update(step, step)
+    k2, _ = ref.update(step, step)
+    assert torch.equal(k1, k2) and k1.shape == (3, 3, 13, 4)
+
+
+def test_preallocated_cache_only_for_full_attention_layers(tiny_model_and_tokenizer):
+    model, _ = tiny_model_and_tokenizer
+    cache = preallocated_cache(model.config, reserve=8)
+    assert cache is not None and all(isinstance(layer, PreallocatedLayer) for layer in cache.layers)
+    assert len(cache.layers) == model.config.num_hidden_layers
+    sliding = copy.deepcopy(model.config)
+    sliding.layer_types = ["sliding_attention"] * sliding.num_hidden_layers
+    sliding.sliding_window = 4
+    assert preallocated_cache(sliding, reserve=8) is None
+
+
+def test_decode_with_packed_linears_matches_plain_decode(tiny_model_and_tokenizer, pack_everything):
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    model, tok = tiny_model_and_tokenizer
+    prompts = [chat_prompt(tok, "What is 2 + 3?"), chat_prompt(tok, "Name a colour.")]
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    plain = HFBackend(model, tok, packed_linears=False).generate(prompts, greedy)
+    fast = HFBackend(model, tok, packed_linears=True).generate(prompts, greedy)
+    for a, b in zip(plain, fast, strict=True):
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
