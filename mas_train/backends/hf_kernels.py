@@ -27,6 +27,7 @@ rest of the completion and returns views of its filled part: the same tensors, b
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,11 +53,19 @@ def onednn_available() -> bool:
 
 def _stamp(w: torch.Tensor) -> tuple:
     # a new tensor, new storage or an in-place write (optimizer step, update_weights' copy_) all change this
-    return (id(w), w.data_ptr(), w._version, tuple(w.shape), w.dtype)
+    version = None if w.is_inference() else w._version  # inference tensors keep no version counter
+    return (id(w), w.data_ptr(), version, tuple(w.shape), w.dtype)
 
 
 class PackedLinears:
     """oneDNN-packed copies of a CPU model's large ``nn.Linear`` weights, used inside :meth:`active`.
+
+    Sibling projections that read the same input (an attention block's ``q_proj``/``k_proj``/``v_proj``, an
+    MLP's ``gate_proj``/``up_proj``; matched by name, PEFT's ``.base_layer`` included) are packed as one matrix,
+    so a decode step runs 4 products per layer instead of 7: the first sibling called computes all of them and
+    the others return their slice when they are called with the same input tensor (same object, unmodified);
+    called with any other input a sibling computes the fused product for it, so the result is always that of
+    its own weights. Measured on SmolLM2 at batch 8, 2 threads: 23.5 vs 27.0 ms for every linear of a step.
 
     Args:
         model: the module to generate with (fp32 or bf16, on CPU). Its ``nn.Linear`` layers with at least
@@ -66,64 +75,130 @@ class PackedLinears:
         RuntimeError: this torch build has no oneDNN packed-linear ops (see :func:`onednn_available`).
     """
 
+    #: name suffixes of projections that share their input, fused when all of a group are packable
+    SIBLINGS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
     def __init__(self, model: torch.nn.Module) -> None:
         if not onednn_available():
             raise RuntimeError("this torch build has no oneDNN (torch.ops.mkldnn._linear_pointwise)")
         self.model = model
-        self._packed: dict[int, tuple[tuple, torch.Tensor]] = {}
+        self._packed: dict[tuple[int, ...], tuple[tuple, torch.Tensor, torch.Tensor | None]] = {}
 
-    def linears(self) -> list[torch.nn.Linear]:
-        """The layers that are packed: the model's ``nn.Linear`` modules on CPU, fp32 or bf16, with at least
-        :data:`MIN_PACKED_NUMEL` weights (found anew on each call: adapters may have been added since)."""
-        return [
-            m
-            for m in self.model.modules()
-            if type(m) is torch.nn.Linear
+    @staticmethod
+    def _packable(m: torch.nn.Module) -> bool:
+        return (
+            type(m) is torch.nn.Linear
             and "forward" not in m.__dict__  # a hooked forward (accelerate) is left alone
             and m.weight.device.type == "cpu"
             and m.weight.dtype in (torch.float32, torch.bfloat16)
             and m.weight.numel() >= MIN_PACKED_NUMEL
-        ]
+        )
 
-    def refresh(self, linears: list[torch.nn.Linear] | None = None) -> int:
-        """Repack every weight that changed since it was packed (and forget layers that are gone); returns how
-        many were (re)packed."""
-        linears = self.linears() if linears is None else linears
-        live = {id(m) for m in linears}
-        for key in [k for k in self._packed if k not in live]:
+    def units(self) -> list[tuple[torch.nn.Linear, ...]]:
+        """The packed units: tuples of sibling layers fused into one matrix, or single layers (found anew on each
+        call: adapters may have been added since)."""
+        named = {n: m for n, m in self.model.named_modules() if self._packable(m)}
+        taken: set[str] = set()
+        units: list[tuple[torch.nn.Linear, ...]] = []
+        for name in named:
+            for group in self.SIBLINGS:
+                for suffix in ("", ".base_layer"):
+                    head = f".{group[0]}{suffix}"
+                    if not name.endswith(head) and name != head[1:]:
+                        continue
+                    stem = name[: len(name) - len(head) + 1]
+                    names = [f"{stem}{g}{suffix}" for g in group]
+                    ms = [named.get(n) for n in names]
+                    if all(m is not None for m in ms) and _fusable(ms):
+                        units.append(tuple(ms))
+                        taken.update(names)
+        units += [(m,) for n, m in named.items() if n not in taken]
+        return units
+
+    def refresh(self, units: list[tuple[torch.nn.Linear, ...]] | None = None) -> int:
+        """Repack every unit whose weights changed since it was packed (and forget units that are gone);
+        returns how many were (re)packed."""
+        units = self.units() if units is None else units
+        keys = [tuple(id(m) for m in u) for u in units]
+        for key in set(self._packed) - set(keys):
             del self._packed[key]
         n = 0
         with torch.no_grad():
-            for m in linears:
-                stamp = _stamp(m.weight)
-                held = self._packed.get(id(m))
+            for key, unit in zip(keys, units, strict=True):
+                stamp = tuple(_stamp(m.weight) for m in unit)
+                held = self._packed.get(key)
                 if held is None or held[0] != stamp:
-                    self._packed[id(m)] = (
-                        stamp,
-                        torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None),
-                    )
+                    w = unit[0].weight.detach() if len(unit) == 1 else torch.cat([m.weight for m in unit])
+                    bias = None
+                    if unit[0].bias is not None:
+                        bias = unit[0].bias.detach() if len(unit) == 1 else torch.cat([m.bias for m in unit])
+                    self._packed[key] = (stamp, torch.ops.mkldnn._reorder_linear_weight(w, None), bias)
                     n += 1
         return n
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Route the packed layers' ``forward`` through their (refreshed) packed weights; restored on exit."""
-        linears = self.linears()
-        self.refresh(linears)
-        pw = torch.ops.mkldnn._linear_pointwise
-        for m in linears:
-            packed = self._packed[id(m)][1]
-            bias = m.bias
-
-            def forward(x: torch.Tensor, packed: torch.Tensor = packed, bias: Any = bias) -> torch.Tensor:
-                return pw(x, packed, bias, "none", [], "")
-
-            m.forward = forward  # an instance attribute shadows the class's forward
+        units = self.units()
+        self.refresh(units)
+        slots: list[dict[str, Any]] = []
+        for unit in units:
+            _, packed, bias = self._packed[tuple(id(m) for m in unit)]
+            if len(unit) == 1:
+                unit[0].forward = functools.partial(_packed_linear, packed=packed, bias=bias)
+                continue
+            slot: dict[str, Any] = {}
+            slots.append(slot)
+            bounds = [0]
+            for m in unit:
+                bounds.append(bounds[-1] + m.out_features)
+            for i, m in enumerate(unit):
+                # an instance attribute shadows the class's forward
+                m.forward = functools.partial(
+                    _fused_slice, slot=slot, packed=packed, bias=bias, lo=bounds[i], hi=bounds[i + 1]
+                )
         try:
             yield
         finally:
-            for m in linears:
-                m.__dict__.pop("forward", None)
+            for unit in units:
+                for m in unit:
+                    m.__dict__.pop("forward", None)
+            for slot in slots:
+                slot.clear()  # do not keep the last input and product alive between calls
+
+
+def _fusable(ms: list[torch.nn.Linear]) -> bool:
+    first = ms[0]
+    return all(
+        m.in_features == first.in_features
+        and m.weight.dtype == first.weight.dtype
+        and (m.bias is None) == (first.bias is None)
+        for m in ms
+    )
+
+
+def _packed_linear(x: torch.Tensor, *, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _fused_slice(
+    x: torch.Tensor,
+    *,
+    slot: dict[str, Any],
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    lo: int,
+    hi: int,
+) -> torch.Tensor:
+    # The siblings of a unit are called one after another on the same input: compute their product once and
+    # give each sibling its slice once (a second call of the same sibling, or a new or modified input,
+    # recomputes, so an in-place edit of one slice, e.g. PEFT's mixed-batch `+=`, never leaks into another call).
+    version = None if x.is_inference() else x._version  # inference tensors keep no version counter
+    if slot.get("x") is not x or slot.get("version") != version or lo in slot["served"]:
+        slot["x"], slot["version"], slot["served"] = x, version, set()
+        slot["y"] = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    slot["served"].add(lo)
+    return slot["y"][..., lo:hi]
 
 
 class PreallocatedLayer(DynamicLayer):

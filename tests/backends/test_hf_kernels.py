@@ -12,7 +12,12 @@ from transformers.cache_utils import DynamicLayer
 from mas_train.backends import hf_kernels
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
-from mas_train.backends.hf_kernels import PackedLinears, PreallocatedLayer, onednn_available, preallocated_cache
+from mas_train.backends.hf_kernels import (
+    PackedLinears,
+    PreallocatedLayer,
+    onednn_available,
+    preallocated_cache,
+)
 from mas_train.backends.testing import BackendContract, chat_prompt
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
@@ -41,8 +46,7 @@ def test_packed_forward_matches_f_linear_and_is_removed_after():
     small = torch.nn.Linear(576, 16, bias=False)  # a LoRA-sized factor: below the threshold, not packed
     model = torch.nn.Sequential(lin, torch.nn.ReLU(), torch.nn.Linear(1536, 576), small)
     packed = PackedLinears(model)
-    assert [type(m) for m in packed.linears()] == [torch.nn.Linear, torch.nn.Linear]
-    assert small not in packed.linears()
+    assert packed.units() == [(lin,), (model[2],)]  # the LoRA-sized factor is not packed
     x = torch.randn(8, 576)
     with torch.no_grad():
         want = model(x)
@@ -79,7 +83,83 @@ def test_a_hooked_forward_is_left_alone():
     lin = torch.nn.Linear(512, 256)
     hooked = lin.forward
     lin.forward = lambda x: hooked(x) * 0  # e.g. accelerate's hook: an instance forward
-    assert PackedLinears(lin).linears() == []
+    assert PackedLinears(lin).units() == []
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = torch.nn.Linear(256, 512, bias=False)
+        self.k_proj = torch.nn.Linear(256, 256, bias=False)
+        self.v_proj = torch.nn.Linear(256, 256, bias=False)
+        self.o_proj = torch.nn.Linear(512, 256, bias=False)
+
+
+@needs_onednn
+def test_sibling_projections_are_fused_and_each_gets_its_own_product():
+    torch.manual_seed(0)
+    attn = torch.nn.Sequential()
+    attn.add_module("self_attn", _Attention())
+    a = attn.self_attn
+    packed = PackedLinears(attn)
+    assert packed.units() == [(a.q_proj, a.k_proj, a.v_proj), (a.o_proj,)]
+    x, y = torch.randn(3, 256), torch.randn(3, 256)
+    with torch.no_grad(), packed.active():
+        q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        q_first = q.clone()
+        k_y = a.k_proj(y)  # another input: its own product, not x's slice
+        q2 = a.q_proj(x)
+        q2.mul_(0.0)  # an in-place edit of one slice (PEFT's mixed-batch `+=`)...
+        v_again = a.v_proj(x)  # ...then a second call of a sibling on the same input: recomputed
+    assert q.shape == (3, 512) and k.shape == v.shape == (3, 256)
+    want = {
+        "q": F.linear(x, a.q_proj.weight),
+        "k": F.linear(x, a.k_proj.weight),
+        "v": F.linear(x, a.v_proj.weight),
+    }
+    assert (q_first - want["q"]).abs().max().item() < 1e-4
+    assert (k - want["k"]).abs().max().item() < 1e-4
+    assert (v - want["v"]).abs().max().item() < 1e-4
+    assert (k_y - F.linear(y, a.k_proj.weight)).abs().max().item() < 1e-4
+    assert (v_again - want["v"]).abs().max().item() < 1e-4
+    assert "forward" not in a.q_proj.__dict__
+
+
+@needs_onednn
+def test_peft_base_layers_are_fused_and_mixed_adapter_decode_matches(
+    tiny_model_and_tokenizer, pack_everything
+):
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model_and_tokenizer
+    cfg = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"], task_type="CAUSAL_LM"
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lora = peft.get_peft_model(copy.deepcopy(model), cfg, adapter_name="solver")
+        lora.add_adapter("verifier", cfg)
+        with torch.no_grad():
+            for name, p in lora.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0.0, 0.5)
+    units = PackedLinears(lora).units()
+    fused = [u for u in units if len(u) == 3]
+    assert (
+        len(fused) == model.config.num_hidden_layers
+    )  # every layer's q/k/v base layers, under PEFT's wrappers
+    prompts = [chat_prompt(tok, "What is 2 + 3?")] * 2 + [chat_prompt(tok, "Name a colour.")]
+    adapters = ["solver", "verifier", "verifier"]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    plain = HFBackend(lora, tok, share_model=True, packed_linears=False).generate(
+        prompts, greedy, adapters=adapters
+    )
+    fast = HFBackend(lora, tok, share_model=True, packed_linears=True).generate(
+        prompts, greedy, adapters=adapters
+    )
+    assert plain[0].completion_ids != plain[1].completion_ids  # the adapters differ, so a leak would show
+    for a, b in zip(plain, fast, strict=True):
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
 
 
 def test_packed_linears_refused_off_cpu_or_without_onednn(tiny_model_and_tokenizer, monkeypatch):
@@ -93,7 +173,9 @@ def test_packed_linears_refused_off_cpu_or_without_onednn(tiny_model_and_tokeniz
 def test_preallocated_layer_equals_a_growing_cat():
     torch.manual_seed(0)
     pre, ref = PreallocatedLayer(reserve=3), DynamicLayer()
-    chunks = [torch.randn(2, 3, n, 4) for n in (5, 1, 1, 1, 1, 2, 1)]  # prefill, then decode steps past reserve
+    chunks = [
+        torch.randn(2, 3, n, 4) for n in (5, 1, 1, 1, 1, 2, 1)
+    ]  # prefill, then decode steps past reserve
     for c in chunks:
         k1, v1 = pre.update(c, -c)
         k2, v2 = ref.update(c, -c)
