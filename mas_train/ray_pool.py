@@ -1,11 +1,11 @@
 """``pool: ray`` — every model group's worker in its own Ray actor, placed in one placement group.
 
 Each model group asks for ``num_cpus`` / ``num_gpus`` (fractions allowed, e.g. two groups at ``num_gpus: 0.5``
-share one GPU); the pool turns those into one bundle per group, reserves them all at once with a placement
-group (strategy ``PACK`` by default: as few nodes as possible, spilling over when one is not enough), and starts
-a :class:`~mas_train.worker.ModelGroupWorker` per group in an actor pinned to its bundle. The actor holds the
-group's policy, its TRL trainer and its generation backend, so weights never leave the actor: the driver sends
-token ids and samples, and gets completions, metrics and versions back.
+share one GPU); the pool turns those into one bundle per group (and one per rank of a sharded group), reserves
+them all at once with a placement group (strategy ``PACK`` by default: as few nodes as possible, spilling over
+when one is not enough), and starts a :class:`~mas_train.worker.ModelGroupWorker` per group in an actor pinned
+to its bundle. The actor holds the group's policy, its TRL trainer and its generation backend, so weights never
+leave the actor: the driver sends token ids and samples, and gets completions, metrics and versions back.
 
 A sharded group (``num_ranks: N > 1``, :mod:`mas_train.sharded`) holds N + 1 bundles: its worker's, then one
 per rank (:func:`bundle_layout`). Its worker's actor starts the N ranks as N actors of their own

@@ -645,18 +645,22 @@ class RayRanks:
         gpus = float(self.resources.get("GPU", 0.0))
         tag = f"{os.getpid()}-{id(self)}"
         self._names = [f"mas-rl-{self.group}-rank{r}-{tag}" for r in range(self.num_ranks)]
-        for r, bundle in enumerate(self.bundle_indices):
-            self._actors.append(
-                cls.options(
-                    num_cpus=cpus,
-                    num_gpus=gpus,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=self.placement_group, placement_group_bundle_index=bundle
-                    ),
-                    runtime_env={"env_vars": self.env_vars},
-                    name=self._names[r],
-                ).remote(os.getcwd(), max(1, int(cpus)))
-            )
+        try:
+            for r, bundle in enumerate(self.bundle_indices):
+                self._actors.append(
+                    cls.options(
+                        num_cpus=cpus,
+                        num_gpus=gpus,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=self.placement_group, placement_group_bundle_index=bundle
+                        ),
+                        runtime_env={"env_vars": self.env_vars},
+                        name=self._names[r],
+                    ).remote(os.getcwd(), max(1, int(cpus)))
+                )
+        except BaseException:  # e.g. a bundle index the placement group lacks: kill those already started
+            self.close(force=True)
+            raise
         init = self._wait([self._actors[0].address.remote()], "start-up (rendezvous address)", self.timeout_s)
         gpu = 0 if gpus > 0 else None  # Ray renumbers an actor's GPU from 0 (CUDA_VISIBLE_DEVICES)
         self._start_refs = [a.info.remote() for a in self._actors] + [
