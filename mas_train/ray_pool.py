@@ -1,11 +1,17 @@
 """``pool: ray`` — every model group's worker in its own Ray actor, placed in one placement group.
 
 Each model group asks for ``num_cpus`` / ``num_gpus`` (fractions allowed, e.g. two groups at ``num_gpus: 0.5``
-share one GPU); the pool turns those into one bundle per group, reserves them all at once with a placement
-group (strategy ``PACK`` by default: as few nodes as possible, spilling over when one is not enough), and starts
-a :class:`~mas_train.worker.ModelGroupWorker` per group in an actor pinned to its bundle. The actor holds the
-group's policy, its TRL trainer and its generation backend, so weights never leave the actor: the driver sends
-token ids and samples, and gets completions, metrics and versions back.
+share one GPU); the pool turns those into one bundle per group (and one per rank of a sharded group), reserves
+them all at once with a placement group (strategy ``PACK`` by default: as few nodes as possible, spilling over
+when one is not enough), and starts a :class:`~mas_train.worker.ModelGroupWorker` per group in an actor pinned
+to its bundle. The actor holds the group's policy, its TRL trainer and its generation backend, so weights never
+leave the actor: the driver sends token ids and samples, and gets completions, metrics and versions back.
+
+A sharded group (``num_ranks: N > 1``, :mod:`mas_train.sharded`) holds N + 1 bundles: its worker's, then one
+per rank (:func:`bundle_layout`). Its worker's actor starts the N ranks as N actors of their own
+(:class:`~mas_train.sharded.RayRanks`), rank r pinned to the group's r-th rank bundle, so a group's ranks can
+span GPUs and nodes; ``num_gpus`` is then the group's total, one GPU per rank and the rest for the worker's
+generation (:func:`placement_bundles`).
 
 Every wait has a timeout: a placement group that cannot be placed fails after ``ready_timeout_s`` with the
 resources it is missing (Ray itself would wait forever), a worker that does not start fails after
@@ -29,7 +35,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RayPool", "RayWorkerHandle", "parameter_fingerprint", "placement_bundles"]
+__all__ = ["RayPool", "RayWorkerHandle", "bundle_layout", "parameter_fingerprint", "placement_bundles"]
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # Passed to the actors so a worker on this node behaves as the driver does (offline hub, shared cache).
@@ -45,22 +51,71 @@ _PASSTHROUGH_ENV = (
 _RAY_HINT = "pool: ray needs Ray: pip install 'mas-rl[ray]' (ray[default]==2.60.0)"
 
 
-def placement_bundles(resolved: Any) -> list[dict[str, float]]:
-    """One Ray bundle per model group, in group order: ``{"CPU": num_cpus, "GPU": num_gpus}`` (zero entries
-    dropped, as Ray requires).
+def _group_resources(name: str, g: Any) -> tuple[dict[str, float], dict[str, float] | None]:
+    """A group's worker bundle and, for a sharded group (``num_ranks > 1``), the bundle of each of its ranks.
+
+    Unsharded: the worker's bundle is ``{"CPU": num_cpus, "GPU": num_gpus}``. Sharded: each rank's bundle is
+    ``{"CPU": num_cpus, "GPU": 1}`` (``GPU`` only when ``num_gpus > 0``: a CPU group's ranks train on CPU) and
+    the worker's is ``{"CPU": num_cpus, "GPU": num_gpus - num_ranks}``: ``num_gpus`` is the group's total, one
+    GPU per rank, the rest for the worker's generation (its ``hf`` model copy or its engine). Zero entries are
+    dropped, as Ray requires.
 
     Raises:
         ValueError: a group reserves neither CPUs nor GPUs (Ray cannot place an empty bundle).
     """
-    bundles = []
+
+    def bundle(cpus: float, gpus: float) -> dict[str, float]:
+        return {k: float(v) for k, v in (("CPU", cpus), ("GPU", gpus)) if v and v > 0}
+
+    ranks = int(getattr(g, "num_ranks", 1) or 1)
+    if ranks > 1:
+        worker = bundle(g.num_cpus, g.num_gpus - ranks if g.num_gpus > 0 else 0.0)
+        rank = bundle(g.num_cpus, 1.0 if g.num_gpus > 0 else 0.0)
+    else:
+        worker, rank = bundle(g.num_cpus, g.num_gpus), None
+    if not worker or (rank is not None and not rank):
+        raise ValueError(
+            f"model_groups.{name}: num_cpus and num_gpus are both 0; a Ray actor needs some resource "
+            "(set num_cpus: 1, or num_gpus: 0.5 to share a GPU)"
+        )
+    return worker, rank
+
+
+def bundle_layout(resolved: Any) -> dict[str, dict[str, Any]]:
+    """Which bundles of the placement group (indices into :func:`placement_bundles`) each model group holds:
+    ``{group: {"worker": i, "ranks": [j, ...]}}``, groups in config order, a group's worker bundle first, then
+    one bundle per rank of a sharded group (``ranks`` is empty for ``num_ranks: 1``).
+
+    Example: groups ``solver`` (2 ranks) and ``verifier`` (1 rank) give ``{"solver": {"worker": 0, "ranks":
+    [1, 2]}, "verifier": {"worker": 3, "ranks": []}}``.
+    """
+    layout: dict[str, dict[str, Any]] = {}
+    i = 0
     for name, g in resolved.model_groups.items():
-        b = {k: float(v) for k, v in (("CPU", g.num_cpus), ("GPU", g.num_gpus)) if v and v > 0}
-        if not b:
-            raise ValueError(
-                f"model_groups.{name}: num_cpus and num_gpus are both 0; a Ray actor needs some resource "
-                "(set num_cpus: 1, or num_gpus: 0.5 to share a GPU)"
-            )
-        bundles.append(b)
+        n = int(getattr(g, "num_ranks", 1) or 1)
+        ranks = list(range(i + 1, i + 1 + n)) if n > 1 else []
+        layout[name] = {"worker": i, "ranks": ranks}
+        i += 1 + len(ranks)
+    return layout
+
+
+def placement_bundles(resolved: Any) -> list[dict[str, float]]:
+    """The placement group's bundles, in :func:`bundle_layout` order: per model group its worker's bundle, then
+    for a sharded group (``num_ranks: N > 1``) one bundle per rank, each rank's actor pinned to its own bundle
+    (so a group's ranks can sit on several GPUs and nodes). Resources (CPU count, GPU count; see
+    :func:`_group_resources`): an unsharded group's bundle is ``{"CPU": num_cpus, "GPU": num_gpus}``; a sharded
+    group's ranks get ``{"CPU": num_cpus, "GPU": 1}`` each (no ``GPU`` for a CPU group) and its worker
+    ``{"CPU": num_cpus, "GPU": num_gpus - N}`` (what its generation needs). Zero entries are dropped.
+
+    Raises:
+        ValueError: a group reserves neither CPUs nor GPUs (Ray cannot place an empty bundle).
+    """
+    bundles: list[dict[str, float]] = []
+    for name, g in resolved.model_groups.items():
+        worker, rank = _group_resources(name, g)
+        bundles.append(worker)
+        if rank is not None:
+            bundles.extend(dict(rank) for _ in range(int(g.num_ranks)))
     return bundles
 
 
@@ -94,7 +149,11 @@ def _missing_resources(needed: dict[str, float], have: dict[str, float]) -> dict
 class _ModelGroupActor:
     """The Ray actor body: a :class:`~mas_train.worker.ModelGroupWorker` plus generic call/get."""
 
-    def __init__(self, resolved: Any, group: str, cwd: str, num_threads: int) -> None:
+    def __init__(
+        self, resolved: Any, group: str, cwd: str, num_threads: int, ranks: dict[str, Any] | None = None
+    ) -> None:
+        import functools
+
         import torch
 
         if os.path.isdir(cwd):
@@ -102,7 +161,12 @@ class _ModelGroupActor:
         torch.set_num_threads(num_threads)
         from mas_train.worker import ModelGroupWorker
 
-        self.worker = ModelGroupWorker(resolved, group)
+        make_ranks = None
+        if ranks is not None:  # a sharded group: its ranks are actors in their own bundles (RayRanks)
+            from mas_train.sharded import RayRanks
+
+            make_ranks = functools.partial(RayRanks, **ranks)
+        self.worker = ModelGroupWorker(resolved, group, make_ranks=make_ranks)
 
     def info(self) -> dict[str, Any]:
         w = self.worker
@@ -230,6 +294,7 @@ class RayPool:
         self.address = address
         self.init_kwargs = dict(init_kwargs or {})
         self.bundles = placement_bundles(resolved)
+        self.layout = bundle_layout(resolved)
         self._handles: dict[str, RayWorkerHandle] = {}
         self._actors: list[Any] = []
         self.placement_group: Any = None
@@ -282,7 +347,13 @@ class RayPool:
                 needed[k] = needed.get(k, 0.0) + v
         total, available = ray.cluster_resources(), ray.available_resources()
         missing = _missing_resources(needed, total)
-        shown = {g: b for g, b in zip(self.groups, self.bundles, strict=True)}
+        # a sharded group shows its worker's bundle, then its ranks'
+        shown = {
+            g: self.bundles[ix["worker"]]
+            if not ix["ranks"]
+            else [self.bundles[i] for i in (ix["worker"], *ix["ranks"])]
+            for g, ix in self.layout.items()
+        }
         if missing:
             why = f"the cluster lacks {missing} (cluster total: { {k: total.get(k, 0.0) for k in needed} })"
         else:
@@ -301,7 +372,7 @@ class RayPool:
         env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
         actor_cls = ray.remote(_ModelGroupActor)
         refs = {}
-        for i, (name, g) in enumerate(self.resolved.model_groups.items()):
+        for name, g in self.resolved.model_groups.items():
             if g.num_gpus > 0 and getattr(g.backend_options, "gpu_ids", None):
                 logger.warning(
                     "model group %r sets backend_options.gpu_ids under pool: ray; Ray assigns this actor's GPU(s) "
@@ -309,15 +380,29 @@ class RayPool:
                     name,
                 )
             threads = max(1, int(g.num_cpus))
+            env = {**env_vars, "OMP_NUM_THREADS": str(threads)}
+            where = self.layout[name]
+            mine = self.bundles[where["worker"]]
+            ranks = None
+            if where["ranks"]:
+                # the worker starts its ranks as actors of their own, each pinned to one of the group's bundles
+                ranks = {
+                    "placement_group": self.placement_group,
+                    "bundle_indices": list(where["ranks"]),
+                    "resources": self.bundles[where["ranks"][0]],
+                    "env_vars": env,
+                    # a rank's failure must reach the driver before the driver's own deadline does
+                    "call_timeout_s": max(1.0, self.call_timeout_s - min(60.0, self.call_timeout_s / 10)),
+                }
             actor = actor_cls.options(
-                num_cpus=g.num_cpus,
-                num_gpus=g.num_gpus,
+                num_cpus=mine.get("CPU", 0.0),
+                num_gpus=mine.get("GPU", 0.0),
                 scheduling_strategy=strategy_cls(
-                    placement_group=self.placement_group, placement_group_bundle_index=i
+                    placement_group=self.placement_group, placement_group_bundle_index=where["worker"]
                 ),
-                runtime_env={"env_vars": {**env_vars, "OMP_NUM_THREADS": str(threads)}},
+                runtime_env={"env_vars": env},
                 name=f"mas-rl-{name}-{os.getpid()}-{id(self)}",
-            ).remote(self.resolved, name, os.getcwd(), threads)
+            ).remote(self.resolved, name, os.getcwd(), threads, ranks)
             self._actors.append(actor)
             refs[name] = (actor, actor.info.remote())
         for name, (actor, ref) in refs.items():

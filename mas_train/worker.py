@@ -62,6 +62,9 @@ class ModelGroupWorker:
         shared_model: with ``model_sharing: shared_lora``, the ``peft.PeftModel`` of the group's
             ``base_group`` worker (:attr:`peft_model`): this group adds its adapter to it instead of loading
             the base again. ``None``: load the group's model.
+        make_ranks: for a sharded group (``num_ranks > 1``), ``make_ranks(resolved, group)`` builds its ranks
+            (:class:`~mas_train.sharded.RayRanks` under ``pool: ray``, bound to the group's rank bundles).
+            ``None``: :class:`~mas_train.sharded.ShardedRanks`, local processes.
 
     A group with a ``lora`` section trains a PEFT LoRA adapter named after the group (:mod:`mas_train.lora`):
     only the adapter's parameters have ``requires_grad`` and sit in the optimizer, the weight sync pushes only
@@ -76,7 +79,9 @@ class ModelGroupWorker:
         peft_model: the ``peft.PeftModel`` holding the adapter (shared by every group on one base), or ``None``.
     """
 
-    def __init__(self, resolved, group: str, *, train: bool | None = None, shared_model=None) -> None:
+    def __init__(
+        self, resolved, group: str, *, train: bool | None = None, shared_model=None, make_ranks=None
+    ) -> None:
         from mas_train.backends import backend_kind, make_backend
         from mas_train.models import load_model_and_tokenizer, load_tokenizer, resolve_model_path
 
@@ -92,7 +97,7 @@ class ModelGroupWorker:
         self.adapter: str | None = None
         self.peft_model = None
         self._fused_forward = None
-        self.ranks = None  # a sharded group's ShardedRanks
+        self.ranks = None  # a sharded group's ShardedRanks (or RayRanks)
         if not backend_kind(g.backend).can_train:
             # A remote endpoint generates; the group's model only provides the tokenizer (prompt ids, lengths).
             self.tokenizer = load_tokenizer(self.model_path)
@@ -102,7 +107,9 @@ class ModelGroupWorker:
             self.updates = 0
             return
         if self.trains and g.num_ranks > 1:
-            self._init_sharded(resolved, g)
+            from mas_train.sharded import ShardedRanks
+
+            self._init_sharded(resolved, g, make_ranks or ShardedRanks)
             return
         if shared_model is not None:
             if self.lora is None:
@@ -147,15 +154,14 @@ class ModelGroupWorker:
         self.backend = make_backend(g, self.model, tok)
         self.updates = 0
 
-    def _init_sharded(self, resolved, g) -> None:
+    def _init_sharded(self, resolved, g, make_ranks) -> None:
         """``num_ranks > 1``: the ranks hold the trained (sharded) model; this worker keeps a full copy that
         follows every sync (the backend's source, and what :meth:`save` writes): on the run's device for the
         ``hf`` backend, which generates with it, else in CPU memory (an SGLang engine loads its own weights)."""
         from mas_train.backends import make_backend
         from mas_train.models import load_model_and_tokenizer
-        from mas_train.sharded import ShardedRanks
 
-        self.ranks = ShardedRanks(resolved, self.group).start()  # they load in the background meanwhile
+        self.ranks = make_ranks(resolved, self.group).start()  # they load in the background meanwhile
         try:
             device = self.device if g.backend == "hf" else "cpu"
             with hf_progress_bars_off():
@@ -309,6 +315,12 @@ class ModelGroupWorker:
         """A sharded group's per-rank element counts (``params``: its weight shards, ``optimizer``: its optimizer
         state), rank 0 first; ``None`` for an unsharded group. See :meth:`~mas_train.sharded.ShardedRanks.sizes`."""
         return self.ranks.sizes() if self.ranks is not None else None
+
+    def rank_info(self) -> list[dict] | None:
+        """A sharded group's ranks, rank 0 first: ``rank``, ``pid``, ``node``, and under ``pool: ray`` the rank
+        actor's ``actor_id``, ``name`` and placement-group ``bundle``; ``None`` for an unsharded group. See
+        :meth:`~mas_train.sharded.RayRanks.info`."""
+        return self.ranks.info() if self.ranks is not None else None
 
     def _gather(self) -> dict:
         """A sharded group's full weights from its ranks, copied into this worker's full copy too."""

@@ -216,12 +216,15 @@ def _check_sharded(cfg: Any, g: str, num_ranks: int, trainable: bool, lora: Any,
         if gcfg is not None and gcfg.rank_gpu_ids:
             raise ConfigError(
                 f"model_groups.{g}.rank_gpu_ids: under pool: ray, Ray assigns the group's GPUs; drop it and set "
-                f"model_groups.{g}.num_gpus: {num_ranks}"
+                f"model_groups.{g}.num_gpus: {num_ranks + 1} (one GPU per rank, the rest for its worker)"
             )
-        if gcfg is not None and 0 < gcfg.num_gpus < num_ranks:
+        if gcfg is not None and 0 < gcfg.num_gpus <= num_ranks:
+            # the ranks are actors with a bundle and one GPU each; the worker's bundle gets the rest
             raise ConfigError(
-                f"{where} under pool: ray: the group's actor reserves num_gpus = {gcfg.num_gpus}, its ranks need "
-                f"one GPU each: set model_groups.{g}.num_gpus: {num_ranks}"
+                f"{where} under pool: ray: the group reserves num_gpus = {gcfg.num_gpus}, its ranks need one GPU "
+                f"each and its worker (generation) the rest: set model_groups.{g}.num_gpus: {num_ranks + 1} "
+                f"(or {num_ranks} + its engine's tp_size; {num_ranks + 0.5} shares the worker's GPU with another "
+                "group's)"
             )
 
 

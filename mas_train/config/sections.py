@@ -177,9 +177,14 @@ class ModelGroupConfig:
         "0..num_ranks-1.",
         default_factory=list,
     )
-    num_cpus: float = _help("CPUs reserved for this group's worker (pool: ray).", default=1.0)
+    num_cpus: float = _help(
+        "CPUs reserved for this group's worker (pool: ray), and for each of its rank actors when num_ranks > 1.",
+        default=1.0,
+    )
     num_gpus: float = _help(
-        "GPUs (fractions allowed) reserved for this group's worker (pool: ray).", default=0.0
+        "GPUs (fractions allowed) reserved for this group (pool: ray): its worker's; with num_ranks > 1 the "
+        "group's total, one GPU per rank actor and the rest (> 0) for the worker's generation.",
+        default=0.0,
     )
 
     def __post_init__(self) -> None:

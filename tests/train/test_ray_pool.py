@@ -9,8 +9,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from mas_train.config import TrainConfig  # noqa: E402
-from mas_train.ray_pool import RayPool, parameter_fingerprint, placement_bundles  # noqa: E402
+from mas_train.config import ConfigError, TrainConfig  # noqa: E402
+from mas_train.ray_pool import RayPool, bundle_layout, parameter_fingerprint, placement_bundles  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +30,11 @@ def ray_cluster():
     ray.shutdown()
 
 
-def _resolved(**groups):
+def _resolved(pool="local", **groups):
     """math-2agent (solver, verifier) with one model group per agent and the given group settings."""
     cfg = TrainConfig.from_dict(
         {
+            "pool": pool,
             "env": "math-2agent",
             "model": "tiny-qwen3",
             "model_sharing": "per_agent",
@@ -54,6 +55,43 @@ def test_bundles_come_from_the_groups():
         placement_bundles(_resolved(verifier={"num_cpus": 0}))
 
 
+def test_a_sharded_group_gets_its_worker_bundle_then_one_bundle_per_rank():
+    # CPU: solver's 2 ranks each get the group's num_cpus; an unsharded group keeps its one bundle
+    r = _resolved("ray", solver={"num_ranks": 2, "num_cpus": 1}, verifier={"num_cpus": 0.5})
+    assert placement_bundles(r) == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 0.5}]
+    assert bundle_layout(r) == {
+        "solver": {"worker": 0, "ranks": [1, 2]},
+        "verifier": {"worker": 3, "ranks": []},
+    }
+    # GPU: num_gpus is the group's total, one GPU per rank and the rest (here 0.5) for the worker
+    r = _resolved(
+        "ray",
+        solver={"num_cpus": 2, "num_gpus": 1},
+        verifier={"num_ranks": 3, "num_cpus": 2, "num_gpus": 3.5},
+    )
+    assert placement_bundles(r) == [
+        {"CPU": 2.0, "GPU": 1.0},
+        {"CPU": 2.0, "GPU": 0.5},
+        {"CPU": 2.0, "GPU": 1.0},
+        {"CPU": 2.0, "GPU": 1.0},
+        {"CPU": 2.0, "GPU": 1.0},
+    ]
+    assert bundle_layout(r) == {
+        "solver": {"worker": 0, "ranks": []},
+        "verifier": {"worker": 1, "ranks": [2, 3, 4]},
+    }
+    # unsharded groups: one bundle each, as before
+    assert bundle_layout(_resolved(solver={"num_gpus": 1})) == {
+        "solver": {"worker": 0, "ranks": []},
+        "verifier": {"worker": 1, "ranks": []},
+    }
+    # a GPU group whose ranks would leave its worker no GPU is refused before anything starts
+    with pytest.raises(
+        ConfigError, match=r"its ranks need one GPU each and its worker \(generation\) the rest"
+    ):
+        _resolved("ray", solver={"num_ranks": 2, "num_gpus": 2})
+
+
 def test_unsatisfiable_placement_group_fails_in_time_naming_the_missing_resources(ray_cluster):
     resolved = _resolved(solver={"num_cpus": 1, "num_gpus": 1}, verifier={"num_cpus": 1, "num_gpus": 0.5})
     pool = RayPool(resolved, ready_timeout_s=2)
@@ -67,6 +105,13 @@ def test_unsatisfiable_placement_group_fails_in_time_naming_the_missing_resource
     too_many_cpus = RayPool(_resolved(solver={"num_cpus": 2}, verifier={"num_cpus": 1}), ready_timeout_s=1)
     with pytest.raises(TimeoutError, match=r"lacks \{'CPU': 1\.0\}"):
         too_many_cpus.start()
+
+    # a sharded group shows its worker's bundle, then its ranks'
+    sharded = RayPool(_resolved("ray", solver={"num_ranks": 2, "num_gpus": 3}), ready_timeout_s=1)
+    one, gpu = r"\{'CPU': 1\.0\}", r"\{'CPU': 1\.0, 'GPU': 1\.0\}"
+    with pytest.raises(TimeoutError, match=rf"'solver': \[{gpu}, {gpu}, {gpu}\], 'verifier': {one}.*lacks "):
+        sharded.start()
+    assert ray.available_resources().get("CPU") == 2.0
 
 
 def test_parameter_fingerprint_is_exact_and_summed():

@@ -72,6 +72,18 @@ def test_rank_share_splits_the_plan_and_pads_with_zero_weight():
         rank_share(plan, rank=2, world=2)
 
 
+def test_rank_failure_pickles_with_its_group_and_rank():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(RankFailure("model group 'g': rank 1 of 2 died", group="g", rank=1)))
+    assert (type(err), str(err), err.group, err.rank) == (
+        RankFailure,
+        "model group 'g': rank 1 of 2 died",
+        "g",
+        1,
+    )
+
+
 def test_optimizer_state_is_saved_in_torch_optim_format():
     named = {
         "state": {"b": {"step": 1}, "a": {"step": 2}},
@@ -107,7 +119,9 @@ def test_num_ranks_config_top_level_per_group_and_refusals():
     with pytest.raises(ConfigError, match=r"grpo.beta > 0"):
         _resolve(num_ranks=2, grpo={"beta": 0.1})
     assert _resolve(num_ranks=2, pool="ray").model_groups["shared"].num_ranks == 2
-    with pytest.raises(ConfigError, match=r"reserves num_gpus = 1.0, its ranks need one GPU each"):
+    with pytest.raises(
+        ConfigError, match=r"reserves num_gpus = 1.0, its ranks need one GPU each and its worker"
+    ):
         _resolve(num_ranks=2, pool="ray", model_groups={"shared": {"num_gpus": 1}})
     with pytest.raises(ConfigError, match="Ray assigns the group's GPUs"):
         _resolve(num_ranks=2, pool="ray", model_groups={"shared": {"rank_gpu_ids": [0, 1]}})
@@ -147,14 +161,18 @@ def test_sharded_example_configs_give_each_rank_its_own_gpu():
 # ---------------------------------------------------------------------------------------- multi-process, slow
 
 
-def _run(tmp_path, model, name, steps=2, **kw):
+def _run(tmp_path, model, name, steps=2, seen=None, **kw):
     t = _trainer(_cfg(tmp_path, model, name, **kw))
     if t.resolved.config.pool == "ray":
         try:
             for _ in range(steps):
                 m, _extra = t.train_step()
-            sizes = t.pool.worker("shared")._call("rank_sizes")  # the actor's group ran on 2 ranks
-            assert len(sizes) == 2 and sizes[0]["params"] < 0.51 * t.pool.worker("shared").num_parameters
+            for g in t.groups:  # each group's update ran on 2 rank actors, each holding about half
+                h = t.pool.worker(g)
+                sizes = h._call("rank_sizes")
+                assert len(sizes) == 2 and sizes[0]["params"] < 0.51 * h.num_parameters
+                if seen is not None:  # where the ranks ran, for the caller to check
+                    seen[g] = {"worker_pid": h.pid, "ranks": h._call("rank_info"), "layout": t.pool.layout[g]}
             from safetensors.torch import load_file
 
             folder = t.save_checkpoint()
@@ -279,27 +297,96 @@ def test_killing_a_rank_fails_naming_group_and_rank_and_leaves_no_process(tmp_pa
     assert torch.distributed.is_initialized() is False  # the driver never joined a process group
 
 
-@pytest.mark.slow
-def test_two_ranks_in_a_ray_actor_train_like_one_local_rank(tmp_path, tiny_qwen3_path):
-    """pool: ray: the group's actor starts its 2 ranks inside its bundle; the same weights as 1 local rank."""
-    ray = pytest.importorskip("ray")
+def _ray_init(ray, num_cpus):
+    """A local Ray cluster of ``num_cpus`` logical CPUs (each rank actor and each worker reserves 1)."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    one, m1 = _run(tmp_path, tiny_qwen3_path, "ray-one")
     if ray.is_initialized():
         ray.shutdown()
     ray.init(
-        num_cpus=2,
+        num_cpus=num_cpus,
         include_dashboard=False,
-        object_store_memory=200 * 1024**2,
+        object_store_memory=300 * 1024**2,
         log_to_driver=False,
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}},
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharing", ["shared", "per_agent"])
+def test_two_rank_actors_in_their_own_bundles_train_like_one_local_rank(tmp_path, tiny_qwen3_path, sharing):
+    """pool: ray: each sharded group's worker actor starts its 2 ranks as 2 Ray actors, each in its own bundle
+    of the placement group; after 2 steps the weights equal 1 local rank's."""
+    ray = pytest.importorskip("ray")
+    one, m1 = _run(tmp_path, tiny_qwen3_path, f"ray-one-{sharing}", model_sharing=sharing)
+    _ray_init(ray, num_cpus=3 * len(one))  # per group: the worker's bundle and 2 rank bundles, 1 CPU each
+    seen: dict = {}
+    started = time.monotonic()
     try:
-        two, m2 = _run(tmp_path, tiny_qwen3_path, "ray-two", num_ranks=2, pool="ray")
+        two, m2 = _run(
+            tmp_path,
+            tiny_qwen3_path,
+            f"ray-two-{sharing}",
+            num_ranks=2,
+            pool="ray",
+            model_sharing=sharing,
+            seen=seen,
+        )
     finally:
         ray.shutdown()
+    print(f"ray {sharing}: 2 steps + checkpoint with rank actors in {time.monotonic() - started:.1f} s")
     common = {g: {k: v for k, v in one[g].items() if k in two[g]} for g in one}
     diff = _max_diff(common, two)
-    print(f"ray: max |w_1rank local - w_2rank ray| after 2 steps = {diff:.3g}")
-    assert diff < ATOL and len(common["shared"]) > 10
-    assert m2["losses/loss/shared"] == pytest.approx(m1["losses/loss/shared"], rel=1e-4, abs=1e-6)
+    print(f"ray {sharing}: max |w_1rank local - w_2rank actors| after 2 steps = {diff:.3g}")
+    assert diff < ATOL and all(len(common[g]) > 10 for g in one)
+    for g in one:
+        assert m2[f"losses/loss/{g}"] == pytest.approx(m1[f"losses/loss/{g}"], rel=1e-4, abs=1e-6)
+    # the ranks are actors of their own, each in the bundle bundle_layout gave it, none a child of the worker
+    assert set(seen) == set(one)
+    expected = {"shared": [1, 2]} if sharing == "shared" else {"solver": [1, 2], "verifier": [4, 5]}
+    assert {g: v["layout"]["ranks"] for g, v in seen.items()} == expected
+    for g, v in seen.items():
+        ranks = v["ranks"]
+        print(g, [(r["rank"], r["pid"], r["bundle"], r["actor_id"][:8]) for r in ranks])
+        assert [r["rank"] for r in ranks] == [0, 1]
+        assert [r["bundle"] for r in ranks] == expected[g]
+        assert len({r["actor_id"] for r in ranks}) == 2 and all(r["actor_id"] for r in ranks)
+        assert len({r["pid"] for r in ranks}) == 2
+        assert all(r["pid"] != v["worker_pid"] and r["ppid"] != v["worker_pid"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_killing_a_rank_actor_fails_naming_group_and_rank_and_leaves_no_rank_actor(tmp_path, tiny_qwen3_path):
+    ray = pytest.importorskip("ray")
+    _ray_init(ray, num_cpus=6)
+    try:
+        t = _trainer(
+            _cfg(tmp_path, tiny_qwen3_path, "ray-kill", num_ranks=2, model_sharing="per_agent", pool="ray")
+        )
+        try:
+            t.train_step()  # the rank actors are up and have trained once
+            info = {g: t.pool.worker(g)._call("rank_info") for g in t.groups}
+            pids = [r["pid"] for g in t.groups for r in info[g]]
+            names = [r["name"] for g in t.groups for r in info[g]]
+            ray.kill(ray.get_actor(info["verifier"][1]["name"]), no_restart=True)
+            started = time.monotonic()
+            with pytest.raises(RankFailure, match=r"model group 'verifier': rank 1 of 2 died") as err:
+                t.train_step()
+            print(f"RankFailure after {time.monotonic() - started:.1f} s: {str(err.value).splitlines()[-1]}")
+            assert (err.value.group, err.value.rank) == ("verifier", 1)
+            # the verifier's worker killed its other rank at once, before any close
+            verifier = [r["pid"] for r in info["verifier"]]
+            deadline = time.monotonic() + 20
+            while any(_alive(p) for p in verifier) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not [p for p in verifier if _alive(p)]
+        finally:
+            t.close()
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)]
+        for name in names:  # gone from Ray too, not only as processes
+            with pytest.raises(ValueError):
+                ray.get_actor(name)
+    finally:
+        ray.shutdown()
