@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,9 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 __all__ = ["MIN_PACKED_NUMEL", "PackedLinears", "PreallocatedLayer", "onednn_available", "preallocated_cache"]
+
+# unit's first layer -> (the unit's layer ids, their weights' stamps, packed weight, bias): see PackedLinears.refresh
+_PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 #: ``nn.Linear`` layers with fewer weights than this are not packed (LoRA's r x d factors: packing does not pay).
 MIN_PACKED_NUMEL = 65536
@@ -82,7 +86,6 @@ class PackedLinears:
         if not onednn_available():
             raise RuntimeError("this torch build has no oneDNN (torch.ops.mkldnn._linear_pointwise)")
         self.model = model
-        self._packed: dict[tuple[int, ...], tuple[tuple, torch.Tensor, torch.Tensor | None]] = {}
 
     @staticmethod
     def _packable(m: torch.nn.Module) -> bool:
@@ -116,23 +119,25 @@ class PackedLinears:
         return units
 
     def refresh(self, units: list[tuple[torch.nn.Linear, ...]] | None = None) -> int:
-        """Repack every unit whose weights changed since it was packed (and forget units that are gone);
-        returns how many were (re)packed."""
+        """Repack every unit whose weights changed since it was packed; returns how many were (re)packed.
+
+        The packed copies live in a registry weakly keyed by the unit's first layer, shared by every
+        :class:`PackedLinears` over the same layers (the agents' backends of one shared base model hold one
+        packed copy, not one each) and freed with the layers."""
         units = self.units() if units is None else units
-        keys = [tuple(id(m) for m in u) for u in units]
-        for key in set(self._packed) - set(keys):
-            del self._packed[key]
         n = 0
         with torch.no_grad():
-            for key, unit in zip(keys, units, strict=True):
+            for unit in units:
+                ids = tuple(id(m) for m in unit)
                 stamp = tuple(_stamp(m.weight) for m in unit)
-                held = self._packed.get(key)
-                if held is None or held[0] != stamp:
+                held = _PACKS.get(unit[0])
+                if held is None or held[0] != ids or held[1] != stamp:
                     w = unit[0].weight.detach() if len(unit) == 1 else torch.cat([m.weight for m in unit])
                     bias = None
                     if unit[0].bias is not None:
                         bias = unit[0].bias.detach() if len(unit) == 1 else torch.cat([m.bias for m in unit])
-                    self._packed[key] = (stamp, torch.ops.mkldnn._reorder_linear_weight(w, None), bias)
+                    _PACKS[unit[0]] = (ids, stamp, torch.ops.mkldnn._reorder_linear_weight(w, None), bias)
+                    del w
                     n += 1
         return n
 
@@ -143,7 +148,7 @@ class PackedLinears:
         self.refresh(units)
         slots: list[dict[str, Any]] = []
         for unit in units:
-            _, packed, bias = self._packed[tuple(id(m) for m in unit)]
+            _, _, packed, bias = _PACKS[unit[0]]
             if len(unit) == 1:
                 unit[0].forward = functools.partial(_packed_linear, packed=packed, bias=bias)
                 continue

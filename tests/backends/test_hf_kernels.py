@@ -213,3 +213,15 @@ def test_decode_with_packed_linears_matches_plain_decode(tiny_model_and_tokenize
     for a, b in zip(plain, fast, strict=True):
         assert a.completion_ids == b.completion_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+@needs_onednn
+def test_backends_over_one_model_share_one_packed_copy():
+    # shared_lora: the agents' backends sample with one base model; they must not pack it once each
+    lin = torch.nn.Linear(512, 256)
+    first, second = PackedLinears(lin), PackedLinears(lin)
+    assert first.refresh() == 1
+    assert second.refresh() == 0
+    assert hf_kernels._PACKS[lin][2] is not None
+    other = torch.nn.Linear(512, 256)
+    assert PackedLinears(other).refresh() == 1  # a different module gets its own
