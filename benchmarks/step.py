@@ -11,9 +11,11 @@ training steps (no evaluation, no checkpoint), reading each step's own timers (`
 * decode roof: ``rows * bandwidth / weight_bytes`` tokens/s, where ``rows`` is the rows a tick generates
   (``tasks_per_step * num_generations``) and ``bandwidth`` is ``dst.copy_(src)`` (read + write bytes). Generation
   time includes prefill, env stepping excluded, so ``gen_roof_frac`` is conservative;
-* GEMM roof: fp32 1024^2 GEMM FLOP/s. The update does ``6 * N * tokens`` FLOP (forward 2N, backward 4N per
-  token; prompt + completion tokens of the step's samples), so ``update_roof_frac`` is that over update time
-  and the roof.
+* GEMM roof: fp32 1024^2 GEMM FLOP/s. The update does ``6 * N * tokens`` FLOP for a fully trained model
+  (forward 2N, backward 4N per token; N = all of the model's parameters; prompt + completion tokens of the step's
+  samples) and ``4 * N * tokens`` for a LoRA group (its frozen base gets no weight gradients: forward 2N, the
+  input gradients 2N), so ``update_roof_frac`` is that over update time and the roof. Work the update avoids
+  (the shared-prefix forward, zero-advantage samples) still counts, so a step can exceed 1.
 
 Peak RSS is this process's ``ru_maxrss`` (model load included), the figure ``/usr/bin/time -v`` reports.
 JSON keys: ``gen_roof_frac``, ``update_roof_frac``, ``peak_rss_gb``, ``step_s`` (median over steps) and the
@@ -67,7 +69,12 @@ def main() -> None:
     trainer = MultiGroupTrainer(resolved)
     bw, gemm = copy_bandwidth(), gemm_flops()
     rows = cfg.tasks_per_step * cfg.num_generations
-    n_params = {g: trainer.pool.worker(g).num_parameters for g in trainer.groups}
+    # FLOP per trained token: every weight of the model is read (N counts the frozen base of a LoRA group too)
+    flop_per_token = {}
+    for g in trainer.groups:
+        w = trainer.pool.worker(g)
+        n = sum(p.numel() for p in w.model.parameters()) if w.model is not None else 0
+        flop_per_token[g] = (4 if getattr(w, "peft_model", None) is not None else 6) * n
     w_bytes = {g: weight_bytes(trainer.pool.worker(g).model) for g in trainer.groups}
     steps = []
     try:
@@ -85,8 +92,7 @@ def main() -> None:
             for ag in resolved.model_groups[g].agents:
                 turns = m.get(f"charts/turns/{ag}", 0.0) * rows
                 trained += (
-                    6
-                    * n_params[g]
+                    flop_per_token[g]
                     * turns
                     * (m.get(f"charts/tokens/{ag}", 0.0) + m.get(f"charts/prompt_tokens/{ag}", 0.0))
                 )
@@ -120,7 +126,7 @@ def main() -> None:
         f"-> {gen_tps / roof_tps:.3f} of roof"
     )
     print(
-        f"  update     {upd_flops / 1e9:7.1f} GFLOP/s (6N per token)  roof {gemm / 1e9:.1f}  "
+        f"  update     {upd_flops / 1e9:7.1f} GFLOP/s (4N/6N per token)  roof {gemm / 1e9:.1f}  "
         f"-> {upd_flops / gemm:.3f} of roof"
     )
     print(f"  peak RSS   {rss:.2f} GB")
