@@ -13,11 +13,15 @@ summation order: max |delta| 5e-5-1.3e-4 on SmolLM2-sized products), far inside 
 logprob tolerance, and the sampling logprobs stay those of the logits each token was drawn from.
 
 :class:`PackedLinears` keeps one packed copy per ``nn.Linear`` of at least :data:`MIN_PACKED_NUMEL` weights
-(LoRA's rank-r factors stay as they are: too small to pay), repacks a weight whenever it changed (its storage or
-its in-place version counter, so an optimizer step or a weight sync on a shared module is never missed), and
-routes the linears through the packed copies only inside :meth:`PackedLinears.active`: a training forward on a
-shared module never sees them (the packed op has no autograd). Memory: one more copy of the packed weights
-(0.54 GB for SmolLM2-135M in fp32).
+(LoRA's rank-r factors stay as they are: too small to pay). A frozen weight (``requires_grad=False``: a LoRA
+base, a backend's private copy) is repacked when its storage or its in-place version counter changed (a weight
+sync's ``copy_``, merging an adapter); a trainable one is repacked on every :meth:`PackedLinears.active`,
+because fused optimizers (torch's ``AdamW(fused=True)``, TRL's default ``adamw_torch_fused``) write parameters
+without bumping their version counter, so a step on a shared module would otherwise go unseen (about 0.2 s per
+``generate`` call for SmolLM2-135M). The linears run through the packed copies only inside
+:meth:`PackedLinears.active`: a training forward on a shared module never sees them (the packed op has no
+autograd). Memory: one more copy of the packed weights (0.54 GB for SmolLM2-135M in fp32), shared by every
+backend over the same layers.
 
 **Preallocated KV cache.** ``DynamicLayer`` grows its keys and values with ``torch.cat`` every step: a copy of
 the whole cache per layer and token. :class:`PreallocatedLayer` writes each step into a buffer with room for the
@@ -55,8 +59,12 @@ def onednn_available() -> bool:
     )
 
 
-def _stamp(w: torch.Tensor) -> tuple:
-    # a new tensor, new storage or an in-place write (optimizer step, update_weights' copy_) all change this
+def _stamp(w: torch.Tensor) -> tuple | None:
+    """What identifies a frozen weight's values: a new tensor, new storage or an in-place write (a weight sync's
+    ``copy_``) change it. ``None`` for a trainable weight: fused optimizers write it without a version bump, so
+    its values are never assumed unchanged."""
+    if w.requires_grad:
+        return None
     version = None if w.is_inference() else w._version  # inference tensors keep no version counter
     return (id(w), w.data_ptr(), version, tuple(w.shape), w.dtype)
 
@@ -119,7 +127,8 @@ class PackedLinears:
         return units
 
     def refresh(self, units: list[tuple[torch.nn.Linear, ...]] | None = None) -> int:
-        """Repack every unit whose weights changed since it was packed; returns how many were (re)packed.
+        """Repack every unit whose weights may have changed since it was packed (a trainable weight always, a
+        frozen one when its stamp changed); returns how many were (re)packed.
 
         The packed copies live in a registry weakly keyed by the unit's first layer, shared by every
         :class:`PackedLinears` over the same layers (the agents' backends of one shared base model hold one
@@ -129,9 +138,9 @@ class PackedLinears:
         with torch.no_grad():
             for unit in units:
                 ids = tuple(id(m) for m in unit)
-                stamp = tuple(_stamp(m.weight) for m in unit)
+                stamp = tuple(_stamp(t) for m in unit for t in (m.weight, m.bias) if t is not None)
                 held = _PACKS.get(unit[0])
-                if held is None or held[0] != ids or held[1] != stamp:
+                if held is None or held[0] != ids or held[1] != stamp or None in stamp:
                     w = unit[0].weight.detach() if len(unit) == 1 else torch.cat([m.weight for m in unit])
                     bias = None
                     if unit[0].bias is not None:

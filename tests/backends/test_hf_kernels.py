@@ -61,21 +61,42 @@ def test_packed_forward_matches_f_linear_and_is_removed_after():
 
 
 @needs_onednn
-def test_a_changed_weight_is_repacked():
-    lin = torch.nn.Linear(512, 256, bias=False)
+def test_a_changed_frozen_weight_is_repacked():
+    lin = torch.nn.Linear(512, 256, bias=False).requires_grad_(False)  # a LoRA base, a private copy
     packed = PackedLinears(lin)
     assert packed.refresh() == 1 and packed.refresh() == 0  # nothing changed: nothing repacked
     x = torch.randn(4, 512)
     with torch.no_grad():
-        lin.weight.mul_(-2.0)  # an in-place optimizer step
+        lin.weight.mul_(-2.0)  # an in-place write (a weight sync's copy_)
         with packed.active():
             got = lin(x)
         assert (got - x @ lin.weight.T).abs().max().item() < 1e-4
         assert packed.refresh() == 0
-        lin.weight = torch.nn.Parameter(torch.ones(256, 512))  # a new tensor (a load, a sync that rebinds)
+        lin.weight = torch.nn.Parameter(torch.ones(256, 512), requires_grad=False)  # a new tensor (a load)
         assert packed.refresh() == 1
         with packed.active():
             assert torch.allclose(lin(x), x.sum(-1, keepdim=True).expand(4, 256), atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_trainable_weight_is_repacked_after_any_optimizer_step(fused):
+    # torch's fused AdamW (TRL's default optimizer) writes parameters without bumping their version counter
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(512, 256)
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.5, fused=fused)
+    packed = PackedLinears(lin)
+    x = torch.randn(4, 512)
+    with torch.no_grad(), packed.active():
+        before = lin(x)
+    lin(x).square().sum().backward()
+    opt.step()
+    with torch.no_grad():
+        with packed.active():
+            after = lin(x)
+        want = F.linear(x, lin.weight, lin.bias)
+    assert torch.allclose(after, want, rtol=1e-5, atol=1e-4)
+    assert (after - before).abs().max().item() > 1.0  # the step did change the outputs (by ~100 here)
 
 
 @needs_onednn
@@ -218,10 +239,10 @@ def test_decode_with_packed_linears_matches_plain_decode(tiny_model_and_tokenize
 @needs_onednn
 def test_backends_over_one_model_share_one_packed_copy():
     # shared_lora: the agents' backends sample with one base model; they must not pack it once each
-    lin = torch.nn.Linear(512, 256)
+    lin = torch.nn.Linear(512, 256).requires_grad_(False)  # the frozen base
     first, second = PackedLinears(lin), PackedLinears(lin)
     assert first.refresh() == 1
     assert second.refresh() == 0
     assert hf_kernels._PACKS[lin][2] is not None
-    other = torch.nn.Linear(512, 256)
+    other = torch.nn.Linear(512, 256).requires_grad_(False)
     assert PackedLinears(other).refresh() == 1  # a different module gets its own
