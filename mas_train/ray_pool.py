@@ -9,7 +9,7 @@ leave the actor: the driver sends token ids and samples, and gets completions, m
 
 A sharded group (``num_ranks: N > 1``, :mod:`mas_train.sharded`) holds N + 1 bundles: its worker's, then one
 per rank (:func:`bundle_layout`). Its worker's actor starts the N ranks as N actors of their own
-(:class:`~mas_train.sharded.RayRanks`), rank r pinned to the group's r-th rank bundle, so a group's ranks can
+(:class:`~mas_train.sharded_ray.RayRanks`), rank r pinned to the group's r-th rank bundle, so a group's ranks can
 span GPUs and nodes; ``num_gpus`` is then the group's total, one GPU per rank and the rest for the worker's
 generation (:func:`placement_bundles`).
 
@@ -163,7 +163,7 @@ class _ModelGroupActor:
 
         make_ranks = None
         if ranks is not None:  # a sharded group: its ranks are actors in their own bundles (RayRanks)
-            from mas_train.sharded import RayRanks
+            from mas_train.sharded_ray import RayRanks
 
             make_ranks = functools.partial(RayRanks, **ranks)
         self.worker = ModelGroupWorker(resolved, group, make_ranks=make_ranks)

@@ -63,7 +63,7 @@ class ModelGroupWorker:
             ``base_group`` worker (:attr:`peft_model`): this group adds its adapter to it instead of loading
             the base again. ``None``: load the group's model.
         make_ranks: for a sharded group (``num_ranks > 1``), ``make_ranks(resolved, group)`` builds its ranks
-            (:class:`~mas_train.sharded.RayRanks` under ``pool: ray``, bound to the group's rank bundles).
+            (:class:`~mas_train.sharded_ray.RayRanks` under ``pool: ray``, bound to the group's rank bundles).
             ``None``: :class:`~mas_train.sharded.ShardedRanks`, local processes.
 
     A group with a ``lora`` section trains a PEFT LoRA adapter named after the group (:mod:`mas_train.lora`):
@@ -319,7 +319,7 @@ class ModelGroupWorker:
     def rank_info(self) -> list[dict] | None:
         """A sharded group's ranks, rank 0 first: ``rank``, ``pid``, ``node``, and under ``pool: ray`` the rank
         actor's ``actor_id``, ``name`` and placement-group ``bundle``; ``None`` for an unsharded group. See
-        :meth:`~mas_train.sharded.RayRanks.info`."""
+        :meth:`~mas_train.sharded_ray.RayRanks.info`."""
         return self.ranks.info() if self.ranks is not None else None
 
     def _gather(self) -> dict:
