@@ -88,3 +88,9 @@ def emit(result: dict, as_json: bool) -> None:
     if as_json:
         sys.stdout.flush()
         print(json.dumps(result, sort_keys=True))
+
+
+def cores_spec(threads: int) -> str:
+    """The CPU list ``0-(threads-1)`` (``"0"`` for one) that binds a server's OpenMP threads to as many cores as
+    the in-process side uses (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``)."""
+    return "0" if threads <= 1 else f"0-{threads - 1}"

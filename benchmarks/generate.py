@@ -25,7 +25,7 @@ import argparse
 import statistics
 import time
 
-from _common import copy_bandwidth, emit, gemm_flops, median_time, set_threads, weight_bytes
+from _common import copy_bandwidth, cores_spec, emit, gemm_flops, median_time, set_threads, weight_bytes
 
 
 def main() -> None:
@@ -57,7 +57,7 @@ def main() -> None:
 
     threads = set_threads(a.threads)
     model, tok = load_model_and_tokenizer(a.model)
-    model.eval()
+    model.eval().requires_grad_(False)  # frozen, as a LoRA base or a private copy: packed once, not per call
     text = "What is 12 times 7? Think step by step, then give the answer."
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
@@ -171,7 +171,7 @@ def _vllm_side_by_side(a, python, prompt_ids, tok, model, threads: int, ours_tps
         kv_cache_gib=1,
         tokenizer=tok,
         model_config=model.config,
-        env={"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"},
+        env={"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_OMP_THREADS_BIND": cores_spec(threads)},
     )
     req = to_vllm_request(SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0))
     payload = {"model": backend.served_model, "prompt": [prompt_ids] * a.batch, **req, "ignore_eos": True}

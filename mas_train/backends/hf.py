@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.hf_kernels import PackedLinears, onednn_available, preallocated_cache
+from mas_train.backends.hf_kernels import PackedLinears, fused_rms_norms, onednn_available, preallocated_cache
 from mas_train.backends.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -237,7 +237,8 @@ class HFBackend:
         step = self.max_batch_size or max(n, 1)
         results: list[GenerationOutput | None] = [None] * n
         packed = self._packed.active() if self._packed is not None else contextlib.nullcontext()
-        with torch.inference_mode(), self._eval_mode(), packed:
+        norms = fused_rms_norms(self._model) if self.device.type == "cpu" else contextlib.nullcontext()
+        with torch.inference_mode(), self._eval_mode(), packed, norms:
             for start in range(0, n, step):
                 idx = order[start : start + step]
                 outs = self._generate_batch(

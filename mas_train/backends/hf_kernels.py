@@ -1,5 +1,5 @@
-"""CPU decode kernels of :class:`~mas_train.backends.hf.HFBackend`: oneDNN-packed linear layers and a
-preallocated KV cache.
+"""CPU decode kernels of :class:`~mas_train.backends.hf.HFBackend`: oneDNN-packed linear layers, one-kernel
+RMSNorms and a preallocated KV cache.
 
 **Packed linears.** A decode step multiplies a handful of rows (the live batch, 1-16) by every weight matrix of
 the model, so on CPU it is bound by how fast the GEMM streams the weights from memory. PyTorch's default fp32
@@ -23,6 +23,11 @@ without bumping their version counter, so a step on a shared module would otherw
 autograd). Memory: one more copy of the packed weights (0.54 GB for SmolLM2-135M in fp32), shared by every
 backend over the same layers.
 
+**One-kernel RMSNorms.** Llama's RMSNorm (copied by Qwen2/3, Mistral, SmolLM3) is 8 small ops per call, 61
+calls per SmolLM2 decode step; ``F.rms_norm`` computes the same thing in one kernel, bit for bit on CPU in fp32
+(tested), and :func:`fused_rms_norms` routes those classes' fp32 forwards through it while sampling (batch 8,
+2 threads: 148.8 vs 140.8 tok/s).
+
 **Preallocated KV cache.** ``DynamicLayer`` grows its keys and values with ``torch.cat`` every step: a copy of
 the whole cache per layer and token. :class:`PreallocatedLayer` writes each step into a buffer with room for the
 rest of the completion and returns views of its filled part: the same tensors, bit for bit, without the copies.
@@ -37,9 +42,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-__all__ = ["MIN_PACKED_NUMEL", "PackedLinears", "PreallocatedLayer", "onednn_available", "preallocated_cache"]
+__all__ = [
+    "MIN_PACKED_NUMEL",
+    "RMS_NORMS",
+    "PackedLinears",
+    "PreallocatedLayer",
+    "fused_rms_norms",
+    "onednn_available",
+    "preallocated_cache",
+]
 
 # unit's first layer -> (the unit's layer ids, their weights' stamps, packed weight, bias): see PackedLinears.refresh
 _PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
@@ -213,6 +227,40 @@ def _fused_slice(
         slot["y"] = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     slot["served"].add(lo)
     return slot["y"][..., lo:hi]
+
+
+#: RMSNorm classes whose forward is ``weight * (x * rsqrt(mean(x^2, -1) + variance_epsilon))`` in fp32 (Llama's,
+#: copied by these architectures): exactly what ``F.rms_norm`` computes
+RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "SmolLM3RMSNorm"})
+
+
+@contextlib.contextmanager
+def fused_rms_norms(model: torch.nn.Module) -> Iterator[None]:
+    """Route the fp32 CPU forwards of ``model``'s :data:`RMS_NORMS` modules through ``F.rms_norm`` (one kernel,
+    the same values); restored on exit. Other dtypes and devices call the module's own forward."""
+    norms = [
+        m
+        for m in model.modules()
+        if type(m).__name__ in RMS_NORMS
+        and "forward" not in m.__dict__
+        and isinstance(getattr(m, "weight", None), torch.Tensor)
+        and isinstance(getattr(m, "variance_epsilon", None), float)
+    ]
+    for m in norms:
+        m.forward = functools.partial(
+            _rms_norm, weight=m.weight, eps=m.variance_epsilon, original=type(m).forward.__get__(m)
+        )
+    try:
+        yield
+    finally:
+        for m in norms:
+            m.__dict__.pop("forward", None)
+
+
+def _rms_norm(x: torch.Tensor, *, weight: torch.Tensor, eps: float, original: Any) -> torch.Tensor:
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
+        return original(x)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 class PreallocatedLayer(DynamicLayer):

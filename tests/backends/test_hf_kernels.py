@@ -246,3 +246,17 @@ def test_backends_over_one_model_share_one_packed_copy():
     assert hf_kernels._PACKS[lin][2] is not None
     other = torch.nn.Linear(512, 256).requires_grad_(False)
     assert PackedLinears(other).refresh() == 1  # a different module gets its own
+
+
+def test_fused_rms_norms_give_the_same_logits_bit_for_bit(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    norms = [m for m in model.modules() if type(m).__name__ == "Qwen3RMSNorm"]
+    assert len(norms) == 1 + 4 * model.config.num_hidden_layers  # final + per layer: 2 norms, q_norm, k_norm
+    ids = torch.tensor([chat_prompt(tok, "What is 2 + 3?")])
+    with torch.no_grad():
+        want = model(ids).logits
+        with hf_kernels.fused_rms_norms(model):
+            assert all("forward" in m.__dict__ for m in norms)
+            got = model(ids).logits
+    assert torch.equal(got, want)
+    assert not any("forward" in m.__dict__ for m in norms)
