@@ -260,3 +260,13 @@ def test_fused_rms_norms_give_the_same_logits_bit_for_bit(tiny_model_and_tokeniz
             got = model(ids).logits
     assert torch.equal(got, want)
     assert not any("forward" in m.__dict__ for m in norms)
+
+
+def test_backend_options_turn_packing_off(tiny_model_and_tokenizer):
+    from mas_train.backends import make_backend
+    from mas_train.backends.options import HFOptions
+
+    model, tok = tiny_model_and_tokenizer
+    assert make_backend("hf", HFOptions(packed_linears=False), model, tok)._packed is None
+    default = make_backend("hf", HFOptions(), model, tok)
+    assert (default._packed is not None) == onednn_available()
