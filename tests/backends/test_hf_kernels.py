@@ -270,3 +270,53 @@ def test_backend_options_turn_packing_off(tiny_model_and_tokenizer):
     assert make_backend("hf", HFOptions(packed_linears=False), model, tok)._packed is None
     default = make_backend("hf", HFOptions(), model, tok)
     assert (default._packed is not None) == onednn_available()
+
+
+@needs_onednn
+@pytest.mark.parametrize("frozen_factors", [False, True])
+def test_merging_and_unmerging_an_adapter_repacks_the_base_weights(
+    tiny_model_and_tokenizer, pack_everything, frozen_factors
+):
+    # PEFT merges with `base_layer.weight.data += delta`, which bumps no version counter: before the fix the
+    # packed copies kept the unmerged base, so a merged model sampled as if it had no adapter at all.
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model_and_tokenizer
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lora = peft.get_peft_model(copy.deepcopy(model), cfg, adapter_name="solver")
+        with torch.no_grad():
+            for name, p in lora.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0.0, 0.5)
+    if frozen_factors:
+        lora.requires_grad_(False)  # an inference-only adapter: its factors' version counters are the stamp
+    prompts = [chat_prompt(tok, "What is 2 + 3?"), chat_prompt(tok, "Name a colour.")]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    plain = HFBackend(lora, tok, share_model=True, packed_linears=False)
+    fast = HFBackend(lora, tok, share_model=True, packed_linears=True)
+    with lora.disable_adapter():
+        base_only = plain.generate(prompts, greedy)
+
+    def check() -> list:
+        want, got = plain.generate(prompts, greedy), fast.generate(prompts, greedy)
+        for a, b in zip(want, got, strict=True):
+            assert a.completion_ids == b.completion_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+        return want
+
+    unmerged = check()  # packs the unmerged base weights
+    assert [o.completion_ids for o in unmerged] != [o.completion_ids for o in base_only]  # the adapter shows
+    lora.merge_adapter()
+    check()
+    lora.unmerge_adapter()
+    with torch.no_grad():  # a training step on the factors, then the next round's merge
+        for name, p in lora.named_parameters():
+            if ".lora_B." in name:
+                p.mul_(-1.0)
+    lora.merge_adapter()
+    merged_again = check()
+    assert [o.completion_ids for o in merged_again] != [o.completion_ids for o in unmerged]
+    lora.unmerge_adapter()
+    check()
