@@ -320,3 +320,20 @@ def test_merging_and_unmerging_an_adapter_repacks_the_base_weights(
     assert [o.completion_ids for o in merged_again] != [o.completion_ids for o in unmerged]
     lora.unmerge_adapter()
     check()
+
+
+@needs_onednn
+def test_close_frees_the_private_copy_and_its_packed_weights(tiny_model_and_tokenizer, pack_everything):
+    import gc
+    import weakref
+
+    model, tok = tiny_model_and_tokenizer
+    backend = HFBackend(model, tok, packed_linears=True)
+    backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, temperature=0.0))
+    copy_ref = weakref.ref(backend.model)
+    lm_head = weakref.ref(backend.model.lm_head)
+    assert lm_head() in hf_kernels._PACKS
+    backend.close()
+    gc.collect()
+    assert copy_ref() is None  # before the fix PackedLinears.model kept the closed copy alive
+    assert lm_head() is None  # and with it the packed weights in the registry
