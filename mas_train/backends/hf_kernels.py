@@ -76,12 +76,12 @@ def onednn_available() -> bool:
 
 def _stamp(w: torch.Tensor) -> tuple | None:
     """What identifies a frozen weight's values: a new tensor, new storage or an in-place write (a weight sync's
-    ``copy_``) change it. ``None`` for a trainable weight: fused optimizers write it without a version bump, so
-    its values are never assumed unchanged."""
-    if w.requires_grad:
+    ``copy_``) change it. ``None`` for a trainable weight (fused optimizers write it without a version bump) and
+    for an inference tensor (a model built under ``torch.inference_mode``: no version counter, so an in-place
+    write would go unseen): their values are never assumed unchanged."""
+    if w.requires_grad or w.is_inference():
         return None
-    version = None if w.is_inference() else w._version  # inference tensors keep no version counter
-    return (id(w), w.data_ptr(), version, tuple(w.shape), w.dtype)
+    return (id(w), w.data_ptr(), w._version, tuple(w.shape), w.dtype)
 
 
 class PackedLinears:

@@ -337,3 +337,46 @@ def test_close_frees_the_private_copy_and_its_packed_weights(tiny_model_and_toke
     gc.collect()
     assert copy_ref() is None  # before the fix PackedLinears.model kept the closed copy alive
     assert lm_head() is None  # and with it the packed weights in the registry
+
+
+@needs_onednn
+def test_weights_without_a_version_counter_are_repacked_every_call():
+    # inference tensors (a module built under inference_mode) keep no version counter: an in-place write there
+    # left the stamp unchanged, so the packed copy went stale
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        # big enough for oneDNN to reorder it into a copy (tiny weights may be aliased, not copied)
+        lin = torch.nn.Linear(576, 1536).requires_grad_(False)
+        assert lin.weight.is_inference()
+        packed, x = PackedLinears(torch.nn.Sequential(lin)), torch.randn(4, 576)
+        with packed.active():
+            lin(x)
+        lin.weight.mul_(-1.0)
+        with packed.active():
+            got = lin(x)
+        want = F.linear(x, lin.weight, lin.bias)
+    assert (got - want).abs().max().item() < 1e-4
+
+
+@needs_onednn
+def test_a_private_copy_built_under_inference_mode_sees_weight_updates(
+    tiny_model_and_tokenizer, pack_everything
+):
+    model, tok = tiny_model_and_tokenizer
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    with torch.random.fork_rng(devices=[]), torch.inference_mode():
+        torch.manual_seed(0)
+        fast = HFBackend(model, tok, packed_linears=True)
+        plain = HFBackend(model, tok, packed_linears=False)
+        # version counters, so unchanged layers are not repacked
+        assert not next(fast.model.parameters()).is_inference()
+        before = fast.generate(prompts, greedy)
+        update = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items() if "_proj." in k}
+        fast.update_weights(update)
+        plain.update_weights(update)
+        want, got = plain.generate(prompts, greedy), fast.generate(prompts, greedy)
+    assert [o.completion_ids for o in want] != [o.completion_ids for o in before]  # the update shows
+    for a, b in zip(want, got, strict=True):
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
