@@ -15,8 +15,8 @@ logprob tolerance, and the sampling logprobs stay those of the logits each token
 :class:`PackedLinears` keeps one packed copy per ``nn.Linear`` of at least :data:`MIN_PACKED_NUMEL` weights
 (LoRA's rank-r factors stay as they are: too small to pay). A frozen weight (``requires_grad=False``: a LoRA
 base, a backend's private copy) is repacked when its storage or its in-place version counter changed (a weight
-sync's ``copy_``) or when the PEFT adapters merged into it or their factors changed (PEFT merges through
-``.data``, which bumps no version counter; other writes through ``.data`` go unseen); a trainable one is repacked on every :meth:`PackedLinears.active`,
+sync's ``copy_``) or when the PEFT adapters merged into it, their factors or its PEFT wrapper changed (PEFT merges
+through ``.data``, which bumps no version counter; other writes through ``.data`` go unseen); a trainable one is repacked on every :meth:`PackedLinears.active`,
 because fused optimizers (torch's ``AdamW(fused=True)``, TRL's default ``adamw_torch_fused``) write parameters
 without bumping their version counter, so a step on a shared module would otherwise go unseen (about 0.2 s per
 ``generate`` call for SmolLM2-135M). The linears run through the packed copies only inside
@@ -149,14 +149,14 @@ class PackedLinears:
         :class:`PackedLinears` over the same layers (the agents' backends of one shared base model hold one
         packed copy, not one each) and freed with the layers."""
         units = self.units() if units is None else units
-        merged = _merged_factors(self.model)
+        peft = _peft_states(self.model)
         n = 0
         with torch.no_grad():
             for unit in units:
                 ids = tuple(id(m) for m in unit)
                 stamp = tuple(_stamp(t) for m in unit for t in (m.weight, m.bias) if t is not None)
                 for m in unit:
-                    stamp += merged.get(id(m), ())
+                    stamp += peft.get(id(m), ())
                 held = _PACKS.get(unit[0])
                 if held is None or held[0] != ids or held[1] != stamp or None in stamp:
                     w = unit[0].weight.detach() if len(unit) == 1 else torch.cat([m.weight for m in unit])
@@ -199,19 +199,19 @@ class PackedLinears:
                 slot.clear()  # do not keep the last input and product alive between calls
 
 
-def _merged_factors(model: torch.nn.Module) -> dict[int, tuple]:
-    """id of each PEFT base layer with merged adapters -> stamp entries: the adapters' names, then the stamps of
-    their LoRA factors (flat, so a trainable factor's ``None`` makes the unit repack on every call).
+def _peft_states(model: torch.nn.Module) -> dict[int, tuple]:
+    """id of each PEFT-wrapped base layer -> stamp entries: the wrapper's id, the merged adapters' names, then
+    the stamps of their LoRA factors (flat, so a trainable factor's ``None`` makes the unit repack every call).
 
-    PEFT merges and unmerges with ``base_layer.weight.data += delta``: ``.data`` has its own version counter, so
-    the base weight's stamp never changes. What the merged weight holds is the unmerged base plus the merged
-    factors' product, so the names and the factors' stamps (``None`` for trainable factors: always repacked)
-    stand in for it."""
+    PEFT merges and unmerges with ``base_layer.weight.data += delta`` (also in ``merge_and_unload``): ``.data``
+    has its own version counter, so the base weight's stamp never changes. What a merged weight holds is the
+    unmerged base plus the merged factors' product, so the names and the factors' stamps stand in for it; the
+    wrapper's id tells a layer unwrapped by ``merge_and_unload`` (merged, no wrapper left) from the unmerged one."""
     out: dict[int, tuple] = {}
     for m in model.modules():
         base = getattr(m, "base_layer", None)
         names = getattr(m, "merged_adapters", None)
-        if not isinstance(base, torch.nn.Module) or not names:
+        if not isinstance(base, torch.nn.Module) or names is None:
             continue
         factors: list[tuple | None] = []
         for a in names:
@@ -220,7 +220,7 @@ def _merged_factors(model: torch.nn.Module) -> dict[int, tuple]:
                 layer = sub[a] if a in sub else None
                 for t in layer.parameters() if layer is not None else ():
                     factors.append(_stamp(t))
-        out[id(base)] = (tuple(names), *factors)
+        out[id(base)] = (id(m), tuple(names), *factors)
     return out
 
 

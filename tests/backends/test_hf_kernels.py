@@ -380,3 +380,28 @@ def test_a_private_copy_built_under_inference_mode_sees_weight_updates(
     for a, b in zip(want, got, strict=True):
         assert a.completion_ids == b.completion_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+@needs_onednn
+def test_merge_and_unload_repacks_the_unwrapped_base_layers(tiny_model_and_tokenizer, pack_everything):
+    # merge_and_unload adds B A to the base weights through .data and drops the wrappers: the base layers are
+    # the same objects with unchanged stamps, so before the fix they kept their unmerged packed copies
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model_and_tokenizer
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lora = peft.get_peft_model(copy.deepcopy(model), cfg)
+    prompts = [chat_prompt(tok, "What is 2 + 3?")]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    with lora.disable_adapter():
+        base_only = HFBackend(lora, tok, share_model=True, packed_linears=False).generate(prompts, greedy)
+        packs_the_base = HFBackend(lora, tok, share_model=True, packed_linears=True)
+        packs_the_base.generate(prompts, greedy)
+    merged = lora.merge_and_unload()
+    want = HFBackend(merged, tok, share_model=True, packed_linears=False).generate(prompts, greedy)[0]
+    got = HFBackend(merged, tok, share_model=True, packed_linears=True).generate(prompts, greedy)[0]
+    assert want.completion_ids != base_only[0].completion_ids  # the merged adapter shows
+    assert got.completion_ids == want.completion_ids
+    assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4
