@@ -15,14 +15,15 @@ logprob tolerance, and the sampling logprobs stay those of the logits each token
 :class:`PackedLinears` keeps one packed copy per ``nn.Linear`` of at least :data:`MIN_PACKED_NUMEL` weights
 (LoRA's rank-r factors stay as they are: too small to pay). A frozen weight (``requires_grad=False``: a LoRA
 base, a backend's private copy) is repacked when its storage or its in-place version counter changed (a weight
-sync's ``copy_``) or when the PEFT adapters merged into it, their factors or its PEFT wrapper changed (PEFT merges
-through ``.data``, which bumps no version counter; other writes through ``.data`` go unseen); a trainable one is repacked on every :meth:`PackedLinears.active`,
-because fused optimizers (torch's ``AdamW(fused=True)``, TRL's default ``adamw_torch_fused``) write parameters
-without bumping their version counter, so a step on a shared module would otherwise go unseen (about 0.2 s per
-``generate`` call for SmolLM2-135M). The linears run through the packed copies only inside
-:meth:`PackedLinears.active`: a training forward on a shared module never sees them (the packed op has no
-autograd). Memory: one more copy of the packed weights (0.54 GB for SmolLM2-135M in fp32), shared by every
-backend over the same layers.
+sync's ``copy_``) or when the PEFT adapters merged into it, their factors or its PEFT wrapper changed (PEFT
+merges through ``.data``, which bumps no version counter; other writes through ``.data`` go unseen). A
+trainable weight, or one without a version counter (an inference tensor), is repacked on every
+:meth:`PackedLinears.active`, because fused optimizers (torch's ``AdamW(fused=True)``, TRL's default
+``adamw_torch_fused``) write parameters without bumping their version counter, so a step on a shared module
+would otherwise go unseen (about 0.2 s per ``generate`` call for SmolLM2-135M). The linears run through the
+packed copies only inside :meth:`PackedLinears.active`: a training forward on a shared module never sees them
+(the packed op has no autograd). Memory: one more copy of the packed weights (0.54 GB for SmolLM2-135M in
+fp32), shared by every backend over the same layers.
 
 **One-kernel RMSNorms.** Llama's RMSNorm (copied by Qwen2/3, Mistral, SmolLM3) is 8 small ops per call, 61
 calls per SmolLM2 decode step; ``F.rms_norm`` computes the same thing in one kernel, bit for bit on CPU in fp32
