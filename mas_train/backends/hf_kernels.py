@@ -171,8 +171,19 @@ class PackedLinears:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Route the packed layers' ``forward`` through their (refreshed) packed weights; restored on exit."""
+        """Route the packed layers' ``forward`` through their (refreshed) packed weights; restored on exit.
+
+        Raises:
+            RuntimeError: entered with grad enabled while a packed layer has a trainable weight or bias (the
+                packed op has no autograd: its outputs would silently carry no gradient); enter it under
+                ``torch.no_grad()`` or ``torch.inference_mode()``.
+        """
         units = self.units()
+        if torch.is_grad_enabled() and any(p.requires_grad for u in units for m in u for p in m.parameters()):
+            raise RuntimeError(
+                "PackedLinears.active() runs its layers without autograd, but grad is enabled and some of "
+                "them are trainable; enter it under torch.no_grad() or torch.inference_mode()"
+            )
         self.refresh(units)
         slots: list[dict[str, Any]] = []
         for unit in units:

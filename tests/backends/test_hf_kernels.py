@@ -405,3 +405,18 @@ def test_merge_and_unload_repacks_the_unwrapped_base_layers(tiny_model_and_token
     assert want.completion_ids != base_only[0].completion_ids  # the merged adapter shows
     assert got.completion_ids == want.completion_ids
     assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4
+
+
+@needs_onednn
+def test_active_refuses_grad_mode_with_trainable_weights(pack_everything):
+    lin = torch.nn.Linear(64, 32)  # trainable
+    packed = PackedLinears(torch.nn.Sequential(lin))
+    with pytest.raises(RuntimeError, match="without autograd"):
+        with packed.active():
+            pass
+    assert "forward" not in lin.__dict__
+    with torch.no_grad(), packed.active():  # the supported way
+        assert "forward" in lin.__dict__
+    lin.requires_grad_(False)
+    with packed.active():  # frozen layers: no gradient to lose
+        assert "forward" in lin.__dict__
