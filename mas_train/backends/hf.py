@@ -152,9 +152,12 @@ class HFBackend:
                 )
             self._model = model
         else:
-            self._model = copy.deepcopy(model).to(self.device)
-            if dtype is not None:
-                self._model.to(dtype)
+            # normal tensors even when built under inference_mode: their version counters let the packed
+            # linears skip repacking weights that did not change
+            with torch.inference_mode(False):
+                self._model = copy.deepcopy(model).to(self.device)
+                if dtype is not None:
+                    self._model.to(dtype)
             self._model.requires_grad_(False)
             self._model.eval()
         self.tokenizer = tokenizer
@@ -326,6 +329,7 @@ class HFBackend:
         """Drop the generation model (the caller's model is untouched). Idempotent."""
         self._closed = True
         self._model = None  # type: ignore[assignment]
+        self._packed = None  # it references the model: a closed private copy and its packed weights are freed
 
     # -- internals -----------------------------------------------------------------------------------------
 

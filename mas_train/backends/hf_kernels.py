@@ -15,13 +15,15 @@ logprob tolerance, and the sampling logprobs stay those of the logits each token
 :class:`PackedLinears` keeps one packed copy per ``nn.Linear`` of at least :data:`MIN_PACKED_NUMEL` weights
 (LoRA's rank-r factors stay as they are: too small to pay). A frozen weight (``requires_grad=False``: a LoRA
 base, a backend's private copy) is repacked when its storage or its in-place version counter changed (a weight
-sync's ``copy_``, merging an adapter); a trainable one is repacked on every :meth:`PackedLinears.active`,
-because fused optimizers (torch's ``AdamW(fused=True)``, TRL's default ``adamw_torch_fused``) write parameters
-without bumping their version counter, so a step on a shared module would otherwise go unseen (about 0.2 s per
-``generate`` call for SmolLM2-135M). The linears run through the packed copies only inside
-:meth:`PackedLinears.active`: a training forward on a shared module never sees them (the packed op has no
-autograd). Memory: one more copy of the packed weights (0.54 GB for SmolLM2-135M in fp32), shared by every
-backend over the same layers.
+sync's ``copy_``) or when the PEFT adapters merged into it, their factors or its PEFT wrapper changed (PEFT
+merges through ``.data``, which bumps no version counter; other writes through ``.data`` go unseen). A
+trainable weight, or one without a version counter (an inference tensor), is repacked on every
+:meth:`PackedLinears.active`, because fused optimizers (torch's ``AdamW(fused=True)``, TRL's default
+``adamw_torch_fused``) write parameters without bumping their version counter, so a step on a shared module
+would otherwise go unseen (about 0.2 s per ``generate`` call for SmolLM2-135M). The linears run through the
+packed copies only inside :meth:`PackedLinears.active`: a training forward on a shared module never sees them
+(the packed op has no autograd). Memory: one more copy of the packed weights (0.54 GB for SmolLM2-135M in
+fp32), shared by every backend over the same layers.
 
 **One-kernel RMSNorms.** Llama's RMSNorm (copied by Qwen2/3, Mistral, SmolLM3) is 8 small ops per call, 61
 calls per SmolLM2 decode step; ``F.rms_norm`` computes the same thing in one kernel, bit for bit on CPU in fp32
@@ -75,12 +77,12 @@ def onednn_available() -> bool:
 
 def _stamp(w: torch.Tensor) -> tuple | None:
     """What identifies a frozen weight's values: a new tensor, new storage or an in-place write (a weight sync's
-    ``copy_``) change it. ``None`` for a trainable weight: fused optimizers write it without a version bump, so
-    its values are never assumed unchanged."""
-    if w.requires_grad:
+    ``copy_``) change it. ``None`` for a trainable weight (fused optimizers write it without a version bump) and
+    for an inference tensor (a model built under ``torch.inference_mode``: no version counter, so an in-place
+    write would go unseen): their values are never assumed unchanged."""
+    if w.requires_grad or w.is_inference():
         return None
-    version = None if w.is_inference() else w._version  # inference tensors keep no version counter
-    return (id(w), w.data_ptr(), version, tuple(w.shape), w.dtype)
+    return (id(w), w.data_ptr(), w._version, tuple(w.shape), w.dtype)
 
 
 class PackedLinears:
@@ -148,11 +150,14 @@ class PackedLinears:
         :class:`PackedLinears` over the same layers (the agents' backends of one shared base model hold one
         packed copy, not one each) and freed with the layers."""
         units = self.units() if units is None else units
+        peft = _peft_states(self.model)
         n = 0
         with torch.no_grad():
             for unit in units:
                 ids = tuple(id(m) for m in unit)
                 stamp = tuple(_stamp(t) for m in unit for t in (m.weight, m.bias) if t is not None)
+                for m in unit:
+                    stamp += peft.get(id(m), ())
                 held = _PACKS.get(unit[0])
                 if held is None or held[0] != ids or held[1] != stamp or None in stamp:
                     w = unit[0].weight.detach() if len(unit) == 1 else torch.cat([m.weight for m in unit])
@@ -166,8 +171,19 @@ class PackedLinears:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Route the packed layers' ``forward`` through their (refreshed) packed weights; restored on exit."""
+        """Route the packed layers' ``forward`` through their (refreshed) packed weights; restored on exit.
+
+        Raises:
+            RuntimeError: entered with grad enabled while a packed layer has a trainable weight or bias (the
+                packed op has no autograd: its outputs would silently carry no gradient); enter it under
+                ``torch.no_grad()`` or ``torch.inference_mode()``.
+        """
         units = self.units()
+        if torch.is_grad_enabled() and any(p.requires_grad for u in units for m in u for p in m.parameters()):
+            raise RuntimeError(
+                "PackedLinears.active() runs its layers without autograd, but grad is enabled and some of "
+                "them are trainable; enter it under torch.no_grad() or torch.inference_mode()"
+            )
         self.refresh(units)
         slots: list[dict[str, Any]] = []
         for unit in units:
@@ -193,6 +209,31 @@ class PackedLinears:
                     m.__dict__.pop("forward", None)
             for slot in slots:
                 slot.clear()  # do not keep the last input and product alive between calls
+
+
+def _peft_states(model: torch.nn.Module) -> dict[int, tuple]:
+    """id of each PEFT-wrapped base layer -> stamp entries: the wrapper's id, the merged adapters' names, then
+    the stamps of their LoRA factors (flat, so a trainable factor's ``None`` makes the unit repack every call).
+
+    PEFT merges and unmerges with ``base_layer.weight.data += delta`` (also in ``merge_and_unload``): ``.data``
+    has its own version counter, so the base weight's stamp never changes. What a merged weight holds is the
+    unmerged base plus the merged factors' product, so the names and the factors' stamps stand in for it; the
+    wrapper's id tells a layer unwrapped by ``merge_and_unload`` (merged, no wrapper left) from the unmerged one."""
+    out: dict[int, tuple] = {}
+    for m in model.modules():
+        base = getattr(m, "base_layer", None)
+        names = getattr(m, "merged_adapters", None)
+        if not isinstance(base, torch.nn.Module) or names is None:
+            continue
+        factors: list[tuple | None] = []
+        for a in names:
+            for table in ("lora_A", "lora_B", "lora_magnitude_vector"):
+                sub = getattr(m, table, {})
+                layer = sub[a] if a in sub else None
+                for t in layer.parameters() if layer is not None else ():
+                    factors.append(_stamp(t))
+        out[id(base)] = (id(m), tuple(names), *factors)
+    return out
 
 
 def _fusable(ms: list[torch.nn.Linear]) -> bool:

@@ -270,3 +270,153 @@ def test_backend_options_turn_packing_off(tiny_model_and_tokenizer):
     assert make_backend("hf", HFOptions(packed_linears=False), model, tok)._packed is None
     default = make_backend("hf", HFOptions(), model, tok)
     assert (default._packed is not None) == onednn_available()
+
+
+@needs_onednn
+@pytest.mark.parametrize("frozen_factors", [False, True])
+def test_merging_and_unmerging_an_adapter_repacks_the_base_weights(
+    tiny_model_and_tokenizer, pack_everything, frozen_factors
+):
+    # PEFT merges with `base_layer.weight.data += delta`, which bumps no version counter: before the fix the
+    # packed copies kept the unmerged base, so a merged model sampled as if it had no adapter at all.
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model_and_tokenizer
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lora = peft.get_peft_model(copy.deepcopy(model), cfg, adapter_name="solver")
+        with torch.no_grad():
+            for name, p in lora.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0.0, 0.5)
+    if frozen_factors:
+        lora.requires_grad_(False)  # an inference-only adapter: its factors' version counters are the stamp
+    prompts = [chat_prompt(tok, "What is 2 + 3?"), chat_prompt(tok, "Name a colour.")]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    plain = HFBackend(lora, tok, share_model=True, packed_linears=False)
+    fast = HFBackend(lora, tok, share_model=True, packed_linears=True)
+    with lora.disable_adapter():
+        base_only = plain.generate(prompts, greedy)
+
+    def check() -> list:
+        want, got = plain.generate(prompts, greedy), fast.generate(prompts, greedy)
+        for a, b in zip(want, got, strict=True):
+            assert a.completion_ids == b.completion_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+        return want
+
+    unmerged = check()  # packs the unmerged base weights
+    assert [o.completion_ids for o in unmerged] != [o.completion_ids for o in base_only]  # the adapter shows
+    lora.merge_adapter()
+    check()
+    lora.unmerge_adapter()
+    with torch.no_grad():  # a training step on the factors, then the next round's merge
+        for name, p in lora.named_parameters():
+            if ".lora_B." in name:
+                p.mul_(-1.0)
+    lora.merge_adapter()
+    merged_again = check()
+    assert [o.completion_ids for o in merged_again] != [o.completion_ids for o in unmerged]
+    lora.unmerge_adapter()
+    check()
+
+
+@needs_onednn
+def test_close_frees_the_private_copy_and_its_packed_weights(tiny_model_and_tokenizer, pack_everything):
+    import gc
+    import weakref
+
+    model, tok = tiny_model_and_tokenizer
+    backend = HFBackend(model, tok, packed_linears=True)
+    backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, temperature=0.0))
+    copy_ref = weakref.ref(backend.model)
+    lm_head = weakref.ref(backend.model.lm_head)
+    assert lm_head() in hf_kernels._PACKS
+    backend.close()
+    gc.collect()
+    assert copy_ref() is None  # before the fix PackedLinears.model kept the closed copy alive
+    assert lm_head() is None  # and with it the packed weights in the registry
+
+
+@needs_onednn
+def test_weights_without_a_version_counter_are_repacked_every_call():
+    # inference tensors (a module built under inference_mode) keep no version counter: an in-place write there
+    # left the stamp unchanged, so the packed copy went stale
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        # big enough for oneDNN to reorder it into a copy (tiny weights may be aliased, not copied)
+        lin = torch.nn.Linear(576, 1536).requires_grad_(False)
+        assert lin.weight.is_inference()
+        packed, x = PackedLinears(torch.nn.Sequential(lin)), torch.randn(4, 576)
+        with packed.active():
+            lin(x)
+        lin.weight.mul_(-1.0)
+        with packed.active():
+            got = lin(x)
+        want = F.linear(x, lin.weight, lin.bias)
+    assert (got - want).abs().max().item() < 1e-4
+
+
+@needs_onednn
+def test_a_private_copy_built_under_inference_mode_sees_weight_updates(
+    tiny_model_and_tokenizer, pack_everything
+):
+    model, tok = tiny_model_and_tokenizer
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    with torch.random.fork_rng(devices=[]), torch.inference_mode():
+        torch.manual_seed(0)
+        fast = HFBackend(model, tok, packed_linears=True)
+        plain = HFBackend(model, tok, packed_linears=False)
+        # version counters, so unchanged layers are not repacked
+        assert not next(fast.model.parameters()).is_inference()
+        before = fast.generate(prompts, greedy)
+        update = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items() if "_proj." in k}
+        fast.update_weights(update)
+        plain.update_weights(update)
+        want, got = plain.generate(prompts, greedy), fast.generate(prompts, greedy)
+    assert [o.completion_ids for o in want] != [o.completion_ids for o in before]  # the update shows
+    for a, b in zip(want, got, strict=True):
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+@needs_onednn
+def test_merge_and_unload_repacks_the_unwrapped_base_layers(tiny_model_and_tokenizer, pack_everything):
+    # merge_and_unload adds B A to the base weights through .data and drops the wrappers: the base layers are
+    # the same objects with unchanged stamps, so before the fix they kept their unmerged packed copies
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model_and_tokenizer
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lora = peft.get_peft_model(copy.deepcopy(model), cfg)
+    prompts = [chat_prompt(tok, "What is 2 + 3?")]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    with lora.disable_adapter():
+        base_only = HFBackend(lora, tok, share_model=True, packed_linears=False).generate(prompts, greedy)
+        packs_the_base = HFBackend(lora, tok, share_model=True, packed_linears=True)
+        packs_the_base.generate(prompts, greedy)
+    merged = lora.merge_and_unload()
+    want = HFBackend(merged, tok, share_model=True, packed_linears=False).generate(prompts, greedy)[0]
+    got = HFBackend(merged, tok, share_model=True, packed_linears=True).generate(prompts, greedy)[0]
+    assert want.completion_ids != base_only[0].completion_ids  # the merged adapter shows
+    assert got.completion_ids == want.completion_ids
+    assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4
+
+
+@needs_onednn
+def test_active_refuses_grad_mode_with_trainable_weights(pack_everything):
+    lin = torch.nn.Linear(64, 32)  # trainable
+    packed = PackedLinears(torch.nn.Sequential(lin))
+    with pytest.raises(RuntimeError, match="without autograd"):
+        with packed.active():
+            pass
+    assert "forward" not in lin.__dict__
+    with torch.no_grad(), packed.active():  # the supported way
+        assert "forward" in lin.__dict__
+    lin.requires_grad_(False)
+    with packed.active():  # frozen layers: no gradient to lose
+        assert "forward" in lin.__dict__
