@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["sample_tokens", "truncate_logits"]
+__all__ = ["inverse_cdf", "sample_tokens", "truncate_logits"]
+
+#: tokens per block of :func:`inverse_cdf`'s two-level search
+CDF_BLOCK = 256
 
 
 def sample_tokens(
@@ -30,12 +33,16 @@ def sample_tokens(
         top_k / top_p: (B,) truncation settings (0 / 1.0 = off); greedy: (B,) bool.
         live: (B,) bool, rows still generating (others get an arbitrary token); default all.
 
-    Inverse CDF needs one random number per row; ``torch.multinomial`` with a generator costs ~30 ms per
-    row on a 150k vocabulary, which dominated decoding.
+    Inverse CDF (:func:`inverse_cdf`) needs one random number per row; ``torch.multinomial`` with a generator
+    costs ~30 ms per row on a 150k vocabulary, which dominated decoding.
     """
     rows = ~greedy if live is None else ~greedy & live
     if not bool(rows.any()):
         return scaled.argmax(dim=-1)
+    if bool(rows.all()):  # the common case: every row samples, no row needs selecting
+        if truncate:
+            return inverse_cdf(torch.softmax(truncate_logits(scaled, top_k, top_p, greedy), dim=-1), draws)
+        return inverse_cdf(logps.exp(), draws)
     # argmax over the vocabulary only when some row is greedy (costs as much as the softmax)
     picked = scaled.argmax(dim=-1) if bool(greedy.any()) else torch.zeros_like(draws, dtype=torch.long)
     # only rows that sample pay for the CDF over the vocabulary (finished rows ride along in the batch)
@@ -44,11 +51,45 @@ def sample_tokens(
         probs = torch.softmax(truncate_logits(scaled[idx], top_k[idx], top_p[idx], greedy[idx]), dim=-1)
     else:
         probs = logps[idx].exp()
-    cdf = probs.double().cumsum(dim=-1)
-    # right=True picks i with cdf[i-1] <= u < cdf[i], so a zero-probability token is never drawn
-    drawn = torch.searchsorted(cdf, (draws[idx].double() * cdf[:, -1])[:, None], right=True)[:, 0]
-    picked[idx] = drawn.clamp(max=scaled.shape[-1] - 1)
+    picked[idx] = inverse_cdf(probs, draws[idx])
     return picked
+
+
+def inverse_cdf(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Token ``i`` of each row with ``cdf[i-1] <= u * cdf[-1] < cdf[i]`` (``cdf``: the row's cumulative ``probs``
+    in float64, ``u``: its draw); a zero-probability token is never drawn.
+
+    Two-level, so a step does not run a sequential cumulative sum over the whole vocabulary (0.45 ms per row on
+    a 49k vocabulary, 2 cores): the row's mass per block of :data:`CDF_BLOCK` tokens, the block its draw falls
+    in, then the cumulative sum inside that block only. Up to float64 rounding (a draw within ~1e-16 of a
+    boundary) this is the token a full ``cumsum`` + ``searchsorted`` picks.
+
+    Args:
+        probs: (n, V) float32 or float64, non-negative, each row with positive mass (unnormalised is fine).
+        draws: (n,) uniforms in [0, 1).
+
+    Returns:
+        (n,) int64 token ids.
+    """
+    n, vocab = probs.shape
+    nb = -(-vocab // CDF_BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, nb * CDF_BLOCK - vocab)) if nb * CDF_BLOCK != vocab else probs
+    blocks = padded.view(n, nb, CDF_BLOCK)
+    mass = blocks.sum(-1, dtype=torch.float64)  # (n, nb)
+    cum = mass.cumsum(-1)
+    target = draws.double() * cum[:, -1]
+    arange = torch.arange(nb, device=probs.device)
+    last_block = torch.where(mass > 0, arange, -1).amax(-1)
+    # right=True: the block j with cum[j-1] <= target < cum[j] has positive mass
+    j = torch.minimum(torch.searchsorted(cum, target[:, None], right=True)[:, 0], last_block)
+    rows = torch.arange(n, device=probs.device)
+    below = torch.where(j > 0, cum[rows, (j - 1).clamp(min=0)], torch.zeros_like(target))
+    block = blocks[rows, j]  # (n, CDF_BLOCK)
+    inner = block.double().cumsum(-1)
+    i = torch.searchsorted(inner, (target - below)[:, None], right=True)[:, 0]
+    # float64 rounding between the block's mass and its own cumulative sum: stay on its last positive token
+    last = torch.where(block > 0, torch.arange(CDF_BLOCK, device=probs.device), -1).amax(-1)
+    return j * CDF_BLOCK + torch.minimum(i, last)
 
 
 def truncate_logits(
