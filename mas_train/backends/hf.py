@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.hf_decode import FusedDecoder, supports_fused_decode
 from mas_train.backends.hf_kernels import PackedLinears, fused_rms_norms, onednn_available, preallocated_cache
 from mas_train.backends.sampling import sample_tokens
 
@@ -109,10 +110,18 @@ class HFBackend:
             sampling (:class:`~mas_train.backends.hf_kernels.PackedLinears`: 1.6-2.3x faster decode GEMMs on
             CPU, logits equal up to float rounding, one more copy of the weights). ``None`` (default): on when
             generating on CPU with a torch build that has oneDNN; ``False``: plain ``F.linear``.
+        fused_decode: run each decode step of a Llama-family model (Llama, Qwen2, Qwen3, Mistral; LoRA
+            adapters included) as :class:`~mas_train.backends.hf_decode.FusedDecoder`'s ~20 tensor ops per layer
+            instead of the model's forward (logits equal up to float rounding; prefill stays the model's own).
+            ``None`` (default): on when generating on CPU in fp32 with a supported model; a batch the step
+            cannot compute exactly (a DoRA adapter, a cache of other layer types) steps through the model's
+            forward. ``True``: required (refused where unsupported); ``False``: always the model's forward.
 
     Raises:
         ValueError: ``max_batch_size < 1``; ``device``/``dtype`` given with ``share_model=True``; a tokenizer
-            with neither pad nor EOS token; ``packed_linears=True`` off CPU or without oneDNN.
+            with neither pad nor EOS token; ``packed_linears=True`` off CPU or without oneDNN;
+            ``fused_decode=True`` off CPU or for a model :class:`~mas_train.backends.hf_decode.FusedDecoder`
+            does not support.
 
     Requests are sorted by prompt length (identical prompts next to each other, so they land in the same batch),
     split into batches of at most ``max_batch_size`` rows, left-padded, prefilled once per distinct prompt (the
@@ -132,6 +141,7 @@ class HFBackend:
         seed: int = 0,
         eos_token_ids: Iterable[int] | None = None,
         packed_linears: bool | None = None,
+        fused_decode: bool | None = None,
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
@@ -185,6 +195,13 @@ class HFBackend:
             PackedLinears(self._model) if (can_pack if packed_linears is None else packed_linears) else None
         )
         self._reserve = 0  # KV positions a new cache leaves free: the current batch's decode steps
+        why_not = "it generates on " + str(self.device) if self.device.type != "cpu" else None
+        why_not = why_not or supports_fused_decode(self._model)
+        if fused_decode and why_not:
+            raise ValueError(f"fused_decode=True, but {why_not}; use fused_decode=None or False")
+        self._fused_decode = (
+            fused_decode if fused_decode is not None else (None if why_not is None else False)
+        )
 
     @property
     def model(self) -> PreTrainedModel:
@@ -552,8 +569,19 @@ class HFBackend:
         mask_buf[:, :cols] = mask
         pos = pos[:, -1:]
         can_drop = hasattr(cache, "batch_select_indices")
+        fused = (
+            FusedDecoder.build(self._model, cache, adapters, self._packed is not None)
+            if self._fused_decode is not False
+            else None
+        )
+        if fused is None and self._fused_decode:
+            raise RuntimeError(
+                "fused_decode=True, but this batch cannot run the fused step (an adapter that is not vanilla "
+                "LoRA, or a KV cache of other layer types); use fused_decode=None"
+            )
+        unit_scale = bool((scale == 1).all())  # temperature 1 (or greedy) everywhere: no division per step
         for _ in range(steps):
-            scaled = logits / scale
+            scaled = logits if unit_scale else logits / scale
             logps = torch.log_softmax(scaled, dim=-1)
             draws = torch.stack([torch.rand((), generator=gens[i], device=dev) for i in rows])
             # finished rows ride along only in a cache that cannot drop rows
@@ -588,11 +616,16 @@ class HFBackend:
                 # Drop finished rows (KV cache included): in RL rollouts rows stop at very different lengths.
                 sel = torch.tensor(keep, device=dev)
                 cache.batch_select_indices(sel)
+                if fused is not None:
+                    fused.select(sel)
                 ids, pos, mask_buf = ids[sel], pos[sel], mask_buf[sel]
                 scale, top_k, top_p, greedy = scale[sel], top_k[sel], top_p[sel], greedy[sel]
                 rows = [rows[j] for j in keep]
             live_adapters = None if adapters is None else [adapters[i] for i in rows]
-            logits, cache = self._forward(ids, mask_buf[:, :cols], pos, cache, live_adapters)
+            if fused is not None:
+                logits = fused(ids, mask_buf[:, :cols], pos)
+            else:
+                logits, cache = self._forward(ids, mask_buf[:, :cols], pos, cache, live_adapters)
         return [
             GenerationOutput(
                 completion_ids=out_ids[i],

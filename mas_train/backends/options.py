@@ -58,6 +58,13 @@ class HFOptions:
         "sampling on CPU with a oneDNN torch build; true off CPU or without oneDNN is refused.",
         default=None,
     )
+    fused_decode: bool | None = _help(
+        "Run each decode step of a Llama-family model (Llama, Qwen2, Qwen3, Mistral; LoRA included) as ~20 "
+        "tensor ops per layer instead of the model's forward (logits equal up to float rounding; "
+        "docs/performance.md). None = on when sampling on CPU in fp32 with a supported model; true where "
+        "unsupported is refused.",
+        default=None,
+    )
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:

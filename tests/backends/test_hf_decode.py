@@ -1,0 +1,187 @@
+"""The fused decode step (:mod:`mas_train.backends.hf_decode`) against the model's own forward, and the two-level
+inverse-CDF sampler against a full cumulative sum."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from mas_train.backends import hf_decode, hf_kernels
+from mas_train.backends.base import SamplingParams
+from mas_train.backends.hf import HFBackend
+from mas_train.backends.sampling import CDF_BLOCK, inverse_cdf
+from mas_train.backends.testing import chat_prompt
+
+
+def _tiny(arch: str):
+    """A random tiny model of ``arch`` (GQA: 4 query heads over 2 key/value heads)."""
+    import transformers
+
+    cfg_cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
+    }[arch]
+    extra = {"attention_bias": True} if arch == "llama" else {}
+    if arch == "mistral":
+        extra["sliding_window"] = None
+    cfg = cfg_cls(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        **extra,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = getattr(transformers, type(cfg).__name__.replace("Config", "ForCausalLM"))(cfg)
+        if arch == "llama":  # non-zero biases, so the fused step's bias handling is exercised
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name.endswith("bias"):
+                        p.normal_(0.0, 0.2)
+    return model.eval()
+
+
+def _prompts(vocab: int):
+    # distinct lengths (left padding) and different max_new_tokens (rows leave the batch at different steps)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (9, 4, 1, 6)]
+    sampling = [SamplingParams(max_new_tokens=n, temperature=0.0) for n in (7, 3, 5, 1)]
+    sampling[1] = SamplingParams(max_new_tokens=6, temperature=1.0, seed=4)
+    return prompts, sampling
+
+
+def _compare(model, tok, prompts, sampling, adapters=None, **kw):
+    """The fused step's outputs equal the model forward's: ids, finish reasons, logprobs within 1e-4."""
+    ref = HFBackend(model, tok, share_model=True, fused_decode=False, **kw)
+    fused = HFBackend(model, tok, share_model=True, **kw)
+    assert fused._fused_decode is None and ref._fused_decode is False
+    calls = []
+    build = hf_decode.FusedDecoder.build.__func__
+
+    def spy(cls, *args):
+        step = build(cls, *args)
+        calls.append(step)
+        return step
+
+    want = ref.generate(prompts, sampling, adapters=adapters)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hf_decode.FusedDecoder, "build", classmethod(spy))
+        got = fused.generate(prompts, sampling, adapters=adapters)
+    assert calls and all(c is not None for c in calls)  # the fused step really ran
+    for w, g in zip(want, got, strict=True):
+        assert g.completion_ids == w.completion_ids and g.finish_reason == w.finish_reason
+        assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) < 1e-4
+    assert sum(len(w.completion_ids) for w in want) > len(want)
+    return got
+
+
+class _Tok:
+    pad_token_id = 0
+    eos_token_id = 1
+
+    def decode(self, ids, **kw):
+        return " ".join(map(str, ids))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_decode_matches_the_model_forward(arch, packed, monkeypatch):
+    if packed:
+        if not hf_kernels.onednn_available():
+            pytest.skip("this torch build has no oneDNN")
+        monkeypatch.setattr(hf_kernels, "MIN_PACKED_NUMEL", 0)  # pack every linear of the tiny model
+    model = _tiny(arch)
+    prompts, sampling = _prompts(model.config.vocab_size)
+    _compare(model, _Tok(), prompts, sampling, eos_token_ids=(), packed_linears=packed)
+
+
+def test_fused_decode_matches_on_qwen3_with_qk_norms(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    assert hasattr(model.model.layers[0].self_attn, "q_norm")
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        model = copy.deepcopy(model)
+        for lay in model.model.layers:  # norms away from 1, so a skipped q/k norm would show
+            lay.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            lay.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    prompts = [chat_prompt(tok, t) for t in ("What is 2 + 3?", "Hi", "Name a colour, then two more.")]
+    sampling = [SamplingParams(max_new_tokens=n, temperature=0.0) for n in (6, 2, 4)]
+    _compare(model, tok, prompts, sampling, eos_token_ids=())
+
+
+def test_fused_decode_matches_peft_mixed_adapter_batches(tiny_model_and_tokenizer):
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model_and_tokenizer
+    cfg = dict(target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"], task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pm = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, **cfg), "solver")
+        pm.add_adapter("verifier", peft.LoraConfig(r=2, lora_alpha=4, **cfg))
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0.0, 0.5)
+    pm.eval()
+    prompts = [chat_prompt(tok, t) for t in ("What is 2 + 3?", "What is 2 + 3?", "Hi", "Name a colour.")]
+    sampling = [SamplingParams(max_new_tokens=n, temperature=0.0) for n in (6, 6, 2, 4)]
+    mixed = _compare(pm, tok, prompts, sampling, adapters=["solver", "verifier", "verifier", "solver"])
+    assert mixed[0].completion_ids != mixed[1].completion_ids  # the adapters really differ
+    _compare(pm, tok, prompts, sampling)  # no adapter names: the active adapter on every row
+    pm.set_adapter("verifier")
+    _compare(pm, tok, prompts, sampling)
+    with pm.disable_adapter():
+        _compare(pm, tok, prompts, sampling)
+
+
+def test_a_dora_adapter_steps_through_the_model_forward(tiny_model_and_tokenizer):
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model_and_tokenizer
+    cfg = peft.LoraConfig(r=2, target_modules=["q_proj"], use_dora=True, task_type="CAUSAL_LM")
+    pm = peft.get_peft_model(copy.deepcopy(model), cfg).eval()
+    prompt = [chat_prompt(tok, "Hi")]
+    sp = SamplingParams(max_new_tokens=3, temperature=0.0)
+    want = HFBackend(pm, tok, share_model=True, fused_decode=False).generate(prompt, sp)
+    assert HFBackend(pm, tok, share_model=True).generate(prompt, sp)[0].completion_ids == want[0].completion_ids
+    with pytest.raises(RuntimeError, match="fused_decode=True, but this batch cannot run the fused step"):
+        HFBackend(pm, tok, share_model=True, fused_decode=True).generate(prompt, sp)
+
+
+def test_fused_decode_true_is_refused_where_unsupported():
+    import transformers
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(ValueError, match="fused_decode=True, but GPT2LMHeadModel is not one of"):
+        HFBackend(gpt2, _Tok(), share_model=True, fused_decode=True)
+    assert HFBackend(gpt2, _Tok(), share_model=True)._fused_decode is False  # None: off, the forward steps
+    bf16 = _tiny("llama").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="its weights are not fp32"):
+        HFBackend(bf16, _Tok(), share_model=True, fused_decode=True)
+
+
+@pytest.mark.parametrize("vocab", [5, CDF_BLOCK, 1000, 49152])
+def test_inverse_cdf_picks_the_full_cumsum_token_and_never_a_zero_probability_one(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    probs = torch.softmax(torch.randn(256, vocab, generator=g) * 3, -1)
+    probs[:, ::3] = 0  # tokens a truncation removed
+    draws = torch.rand(256, generator=g)
+    cdf = probs.double().cumsum(-1)
+    want = torch.searchsorted(cdf, (draws.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+    got = inverse_cdf(probs, draws)
+    assert torch.equal(got, want)
+    assert bool((probs[torch.arange(256), got] > 0).all())
+
+
+def test_inverse_cdf_edges():
+    one = torch.zeros(3, 1000)
+    one[:, 0] = 1.0
+    assert inverse_cdf(one, torch.tensor([0.0, 0.5, 1 - 1e-12])).tolist() == [0, 0, 0]
+    tail = torch.zeros(2, 1000)
+    tail[:, 3], tail[:, 999] = 1.0, 1e-30  # the last block's mass is tiny but positive
+    assert inverse_cdf(tail, torch.tensor([0.25, 0.999999])).tolist() == [3, 3]
