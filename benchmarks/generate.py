@@ -6,6 +6,8 @@
 
 Both sides sample B completions of the same chat prompt at temperature 1 with EOS disabled, so every row
 generates exactly ``--new_tokens`` tokens; repetitions alternate between the sides and medians are compared.
+``HFBackend`` is also timed stepping through the model's forward (``fused_decode=False``; ``forward_tok_s``),
+so the fused decode step's own gain is in the same run.
 The decode roof is measured in the same run: a decode step must read every weight once, so at memory bandwidth
 ``bw`` (``dst.copy_(src)``, read + write bytes) a step takes at least ``weight_bytes / bw`` and B rows give
 ``B * bw / weight_bytes`` tokens/s. The fp32 GEMM roof is printed alongside (at batch 8 a SmolLM2 step also
@@ -64,12 +66,13 @@ def main() -> None:
     )
     prompt_ids = tok(prompt)["input_ids"]
     backend = HFBackend(model, tok, share_model=True, eos_token_ids=())
+    forward = HFBackend(model, tok, share_model=True, eos_token_ids=(), fused_decode=False)
     sps = [SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0, seed=i) for i in range(a.batch)]
     batch = torch.tensor([prompt_ids] * a.batch)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-    def ours():
-        outs = backend.generate([prompt_ids] * a.batch, sps)
+    def ours(be=backend):
+        outs = be.generate([prompt_ids] * a.batch, sps)
         assert all(len(o.completion_ids) == a.new_tokens for o in outs)
 
     def plain():
@@ -88,17 +91,19 @@ def main() -> None:
         assert out.shape[1] == batch.shape[1] + a.new_tokens
 
     ours()
+    ours(forward)
     plain()  # warm-up
-    t_ours, t_plain, bws = [], [], []
+    t_ours, t_forward, t_plain, bws = [], [], [], []
     for _ in range(a.reps):
         bws.append(copy_bandwidth(reps=3))
         t_ours.append(median_time(ours, 1)[0])
+        t_forward.append(median_time(lambda: ours(forward), 1)[0])
         t_plain.append(median_time(plain, 1)[0])
     gemm = gemm_flops()
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     bw, wb = med(bws), weight_bytes(model)
     tokens = a.batch * a.new_tokens
-    ours_tps, plain_tps = tokens / med(t_ours), tokens / med(t_plain)
+    ours_tps, plain_tps, forward_tps = tokens / med(t_ours), tokens / med(t_plain), tokens / med(t_forward)
     roof_tps = a.batch * bw / wb
     step_flop = 2 * sum(p.numel() for p in model.parameters()) * a.batch
     gemm_tps = a.batch * gemm / step_flop
@@ -113,6 +118,7 @@ def main() -> None:
     print(f"  {'decode roof (bandwidth)':<26}{roof_tps:9.1f}{1:9.2f}")
     print(f"  {'decode roof (GEMM)':<26}{gemm_tps:9.1f}{gemm_tps / roof_tps:9.2f}")
     print(f"  {'HFBackend':<26}{ours_tps:9.1f}{ours_tps / roof_tps:9.2f}")
+    print(f"  {'  (model forward per step)':<26}{forward_tps:9.1f}{forward_tps / roof_tps:9.2f}")
     print(f"  {'transformers generate':<26}{plain_tps:9.1f}{plain_tps / roof_tps:9.2f}")
     extra = {}
     if vllm_python is not None:
@@ -131,10 +137,12 @@ def main() -> None:
             "threads": threads,
             "tok_s": ours_tps,
             "generate_tok_s": plain_tps,
+            "forward_tok_s": forward_tps,
             "roof_tok_s": roof_tps,
             "gemm_roof_tok_s": gemm_tps,
             "roof_frac": ours_tps / roof_tps,
             "ratio_vs_generate": ours_tps / plain_tps,
+            "ratio_vs_forward": ours_tps / forward_tps,
             "bandwidth_gb_s": bw / 1e9,
             "gemm_gflop_s": gemm / 1e9,
         },
