@@ -247,3 +247,28 @@ def test_a_bf16_lora_adapter_on_an_fp32_model_is_refused():
         assert g.completion_ids == w.completion_ids and g.logprobs == pytest.approx(w.logprobs, abs=1e-6)
     with pytest.raises(ValueError, match="its weights are not fp32"):
         HFBackend(pm, _Tok(), share_model=True, fused_decode=True)
+
+
+@pytest.mark.parametrize("fused", [False, None])
+def test_disabled_adapters_of_a_merged_model_are_unmerged_before_packing(fused, monkeypatch):
+    # PEFT's forward unmerges a disabled layer's merged adapters on its first call; packed before, the copy (used
+    # by the packed forward and the fused step alike) kept the merged weights
+    peft = pytest.importorskip("peft")
+    if not hf_kernels.onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setattr(hf_kernels, "MIN_PACKED_NUMEL", 0)
+    cfg = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"], task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pm = peft.get_peft_model(_tiny("llama"), cfg)
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0.0, 1.0)
+    pm.eval()
+    with pm.disable_adapter():
+        want = _ids(pm, fused_decode=False, packed_linears=False)
+    assert _ids(pm, fused_decode=False, packed_linears=False) != want  # the adapter changes the tokens
+    pm.merge_adapter()
+    with pm.disable_adapter():
+        assert _ids(pm, fused_decode=fused, packed_linears=True) == want
