@@ -70,6 +70,17 @@ def supports_fused_decode(model: torch.nn.Module) -> str | None:
         name == "MistralForCausalLM" and getattr(cfg, "sliding_window", None) is not None
     ):
         return "it has sliding-window or other non-full-attention layers"
+    prefix = name.removesuffix("ForCausalLM")
+    core = lm.model
+    parts = [(core, "Model"), (core.rotary_emb, "RotaryEmbedding")] + [
+        (m, kind) for lay in core.layers for m, kind in ((lay, "DecoderLayer"), (lay.self_attn, "Attention"))
+    ]
+    parts += [(lay.mlp, "MLP") for lay in core.layers]
+    odd = sorted({type(m).__name__ for m, kind in parts if type(m).__name__ != prefix + kind})
+    if odd:  # a subclass or replacement computes its own forward, which the step would not run
+        return f"it has modules of other classes ({', '.join(odd)})"
+    if getattr(cfg, "_attn_implementation", None) not in ("eager", "sdpa"):
+        return f"its attention implementation {getattr(cfg, '_attn_implementation', None)!r} is not eager or sdpa"
     if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
         return "its weights are not fp32"  # the model's forward casts between dtypes where the step could not
     return None

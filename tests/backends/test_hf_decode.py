@@ -272,3 +272,34 @@ def test_disabled_adapters_of_a_merged_model_are_unmerged_before_packing(fused, 
     pm.merge_adapter()
     with pm.disable_adapter():
         assert _ids(pm, fused_decode=fused, packed_linears=True) == want
+
+
+def test_replaced_modules_and_custom_attention_are_refused():
+    import transformers
+
+    model = _tiny("qwen2")
+
+    class ShiftedMLP(type(model.model.layers[0].mlp)):
+        def forward(self, x):
+            return super().forward(x) + 0.5
+
+    mlp = model.model.layers[1].mlp
+    mlp.__class__ = ShiftedMLP  # same weights, another forward
+    want = _ids(model, fused_decode=False)
+    assert _ids(model) == want
+    with pytest.raises(ValueError, match=r"it has modules of other classes \(ShiftedMLP\)"):
+        HFBackend(model, _Tok(), share_model=True, fused_decode=True)
+    mlp.__class__ = ShiftedMLP.__mro__[1]
+
+    def halved(module, query, key, value, attention_mask, **kw):
+        out, w = transformers.integrations.sdpa_attention.sdpa_attention_forward(
+            module, query, key, value, attention_mask, **kw
+        )
+        return out * 0.5, w
+
+    transformers.AttentionInterface.register("halved_sdpa", halved)
+    model.config._attn_implementation = "halved_sdpa"
+    want = _ids(model, fused_decode=False)
+    assert _ids(model) == want
+    with pytest.raises(ValueError, match="its attention implementation 'halved_sdpa' is not eager or sdpa"):
+        HFBackend(model, _Tok(), share_model=True, fused_decode=True)
