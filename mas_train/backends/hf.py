@@ -577,7 +577,7 @@ class HFBackend:
         if fused is None and self._fused_decode:
             raise RuntimeError(
                 "fused_decode=True, but this batch cannot run the fused step (an adapter that is not vanilla "
-                "LoRA, or a KV cache of other layer types); use fused_decode=None"
+                "LoRA, a module with forward hooks, or a KV cache of other layer types); use fused_decode=None"
             )
         unit_scale = bool((scale == 1).all())  # temperature 1 (or greedy) everywhere: no division per step
         for _ in range(steps):

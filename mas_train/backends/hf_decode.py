@@ -32,12 +32,20 @@ backend then steps through the model's forward.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from mas_train.backends.hf_kernels import _PACKS, RMS_NORMS, PreallocatedLayer
+from mas_train.backends.hf_kernels import (
+    _PACKS,
+    RMS_NORMS,
+    PreallocatedLayer,
+    _fused_slice,
+    _packed_linear,
+    _rms_norm,
+)
 
 __all__ = ["ARCHITECTURES", "FusedDecoder", "supports_fused_decode"]
 
@@ -62,9 +70,46 @@ def supports_fused_decode(model: torch.nn.Module) -> str | None:
         name == "MistralForCausalLM" and getattr(cfg, "sliding_window", None) is not None
     ):
         return "it has sliding-window or other non-full-attention layers"
-    if lm.get_output_embeddings().weight.dtype != torch.float32:
-        return "its weights are not fp32"
+    prefix = name.removesuffix("ForCausalLM")
+    core = lm.model
+    parts = [(core, "Model"), (core.rotary_emb, "RotaryEmbedding")] + [
+        (m, kind) for lay in core.layers for m, kind in ((lay, "DecoderLayer"), (lay.self_attn, "Attention"))
+    ]
+    parts += [(lay.mlp, "MLP") for lay in core.layers]
+    odd = sorted({type(m).__name__ for m, kind in parts if type(m).__name__ != prefix + kind})
+    if odd:  # a subclass or replacement computes its own forward, which the step would not run
+        return f"it has modules of other classes ({', '.join(odd)})"
+    if getattr(cfg, "_attn_implementation", None) not in ("eager", "sdpa"):
+        return f"its attention implementation {getattr(cfg, '_attn_implementation', None)!r} is not eager or sdpa"
+    if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
+        return "its weights are not fp32"  # the model's forward casts between dtypes where the step could not
     return None
+
+
+def _ours(f: Any) -> bool:
+    """Whether an instance ``forward`` is one :mod:`.hf_kernels` installed (the same values as the class's)."""
+    return isinstance(f, functools.partial) and f.func in (_packed_linear, _fused_slice, _rms_norm)
+
+
+def _hooked(model: torch.nn.Module) -> bool:
+    """Whether a forward hook or a replaced ``forward`` (accelerate's, a user's) would change what the model's
+    forward computes: the step calls no module, so it would skip them. ``enable_input_require_grads``' hook
+    (a trainer with gradient checkpointing) only flags its output for autograd and is allowed."""
+    glob = torch.nn.modules.module
+    if glob._global_forward_hooks or glob._global_forward_pre_hooks:
+        return True
+    for m in model.modules():
+        if m._forward_pre_hooks or ("forward" in m.__dict__ and not _ours(m.__dict__["forward"])):
+            return True
+        if any(not _harmless_hook(h) for h in m._forward_hooks.values()):
+            return True
+    return False
+
+
+def _harmless_hook(h: Any) -> bool:
+    return getattr(h, "__qualname__", "").endswith(
+        "enable_input_require_grads.<locals>.make_inputs_require_grads"
+    )
 
 
 def _is_lora_linear(m: torch.nn.Module) -> bool:
@@ -206,8 +251,9 @@ class FusedDecoder:
         cls, model: torch.nn.Module, cache: Any, adapters: list[str] | None, packed: bool
     ) -> FusedDecoder | None:
         """The step for ``model`` over ``cache``, or ``None`` when it cannot compute it exactly (see
-        :func:`supports_fused_decode`; a cache that is not all :class:`~.hf_kernels.PreallocatedLayer`; a module
-        of an unexpected type; an adapter that is not vanilla LoRA).
+        :func:`supports_fused_decode`; a module with forward hooks or a replaced ``forward``; a cache that is
+        not all :class:`~.hf_kernels.PreallocatedLayer`; a module of an unexpected type; an adapter that is not
+        vanilla LoRA).
 
         Args:
             model: the model (or ``peft.PeftModel``) the backend samples with, in eval mode.
@@ -217,7 +263,7 @@ class FusedDecoder:
             packed: whether the layers' packed copies are fresh (built inside the backend's
                 :meth:`~.hf_kernels.PackedLinears.active`): use them; ``False``: ``F.linear`` on the weights.
         """
-        if supports_fused_decode(model) is not None:
+        if supports_fused_decode(model) is not None or _hooked(model):
             return None
         if not getattr(cache, "layers", None) or any(type(c) is not PreallocatedLayer for c in cache.layers):
             return None

@@ -150,6 +150,7 @@ class PackedLinears:
         :class:`PackedLinears` over the same layers (the agents' backends of one shared base model hold one
         packed copy, not one each) and freed with the layers."""
         units = self.units() if units is None else units
+        _unmerge_disabled(self.model)
         peft = _peft_states(self.model)
         n = 0
         with torch.no_grad():
@@ -209,6 +210,15 @@ class PackedLinears:
                     m.__dict__.pop("forward", None)
             for slot in slots:
                 slot.clear()  # do not keep the last input and product alive between calls
+
+
+def _unmerge_disabled(model: torch.nn.Module) -> None:
+    """Unmerge the merged adapters of PEFT layers whose adapters are disabled (``with disable_adapter():`` on a
+    merged model), as their own forward does on its first call: packed before that, the copy would keep the
+    merged weights the forward no longer uses."""
+    for m in model.modules():
+        if getattr(m, "merged", False) and getattr(m, "disable_adapters", False) and hasattr(m, "unmerge"):
+            m.unmerge()
 
 
 def _peft_states(model: torch.nn.Module) -> dict[int, tuple]:

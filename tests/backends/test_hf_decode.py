@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mas_train.backends import hf_decode, hf_kernels
 from mas_train.backends.base import SamplingParams
@@ -148,7 +149,9 @@ def test_a_dora_adapter_steps_through_the_model_forward(tiny_model_and_tokenizer
     prompt = [chat_prompt(tok, "Hi")]
     sp = SamplingParams(max_new_tokens=3, temperature=0.0)
     want = HFBackend(pm, tok, share_model=True, fused_decode=False).generate(prompt, sp)
-    assert HFBackend(pm, tok, share_model=True).generate(prompt, sp)[0].completion_ids == want[0].completion_ids
+    assert (
+        HFBackend(pm, tok, share_model=True).generate(prompt, sp)[0].completion_ids == want[0].completion_ids
+    )
     with pytest.raises(RuntimeError, match="fused_decode=True, but this batch cannot run the fused step"):
         HFBackend(pm, tok, share_model=True, fused_decode=True).generate(prompt, sp)
 
@@ -156,7 +159,9 @@ def test_a_dora_adapter_steps_through_the_model_forward(tiny_model_and_tokenizer
 def test_fused_decode_true_is_refused_where_unsupported():
     import transformers
 
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)
+    )
     with pytest.raises(ValueError, match="fused_decode=True, but GPT2LMHeadModel is not one of"):
         HFBackend(gpt2, _Tok(), share_model=True, fused_decode=True)
     assert HFBackend(gpt2, _Tok(), share_model=True)._fused_decode is False  # None: off, the forward steps
@@ -185,3 +190,116 @@ def test_inverse_cdf_edges():
     tail = torch.zeros(2, 1000)
     tail[:, 3], tail[:, 999] = 1.0, 1e-30  # the last block's mass is tiny but positive
     assert inverse_cdf(tail, torch.tensor([0.25, 0.999999])).tolist() == [3, 3]
+
+
+def _ids(model, **kw):
+    prompts, sampling = _prompts(model.config.vocab_size)
+    outs = HFBackend(model, _Tok(), share_model=True, eos_token_ids=(), **kw).generate(prompts, sampling)
+    return [o.completion_ids for o in outs]
+
+
+def test_a_forward_hook_leaves_the_batch_to_the_model_forward():
+    # the step calls no module, so a hook (a user's steering hook, accelerate's replaced forward) would be skipped
+    model = _tiny("llama")
+    handle = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, args, out: out * 0 + 1.0)
+    want = _ids(model, fused_decode=False)
+    assert _ids(model) == want
+    with pytest.raises(RuntimeError, match="a module with forward hooks"):
+        _ids(model, fused_decode=True)
+    handle.remove()
+    lin = model.model.layers[1].mlp.down_proj
+    lin.forward = lambda x: (
+        F.linear(x, lin.weight) * 2
+    )  # a replaced forward (accelerate's) is not the class's
+    want = _ids(model, fused_decode=False)
+    assert _ids(model) == want
+    with pytest.raises(RuntimeError, match="a module with forward hooks"):
+        _ids(model, fused_decode=True)
+    del lin.forward
+    model.enable_input_require_grads()  # a trainer's gradient-checkpointing hook changes no value: still fused
+    prompts, sampling = _prompts(model.config.vocab_size)
+    _compare(model, _Tok(), prompts, sampling, eos_token_ids=())
+
+
+def test_a_bf16_lora_adapter_on_an_fp32_model_is_refused():
+    # PEFT casts a row's input to its LoRA factors' dtype (bf16 rounding); the step's fp32 stack would not
+    peft = pytest.importorskip("peft")
+    cfg = dict(target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pm = peft.get_peft_model(_tiny("llama"), peft.LoraConfig(r=4, **cfg), "a")
+        pm.add_adapter("b", peft.LoraConfig(r=4, **cfg))
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0.0, 0.5)
+    for m in pm.modules():
+        if hasattr(m, "lora_A") and "b" in m.lora_A:
+            m.lora_A["b"].bfloat16()
+            m.lora_B["b"].bfloat16()
+    pm.eval()
+    prompts, sampling = _prompts(pm.config.vocab_size)
+    names = ["a", "b", "b", "a"]
+    want = HFBackend(pm, _Tok(), share_model=True, fused_decode=False, eos_token_ids=())
+    got = HFBackend(pm, _Tok(), share_model=True, eos_token_ids=())
+    ref, fused = (b.generate(prompts, sampling, adapters=names) for b in (want, got))
+    for w, g in zip(ref, fused, strict=True):
+        assert g.completion_ids == w.completion_ids and g.logprobs == pytest.approx(w.logprobs, abs=1e-6)
+    with pytest.raises(ValueError, match="its weights are not fp32"):
+        HFBackend(pm, _Tok(), share_model=True, fused_decode=True)
+
+
+@pytest.mark.parametrize("fused", [False, None])
+def test_disabled_adapters_of_a_merged_model_are_unmerged_before_packing(fused, monkeypatch):
+    # PEFT's forward unmerges a disabled layer's merged adapters on its first call; packed before, the copy (used
+    # by the packed forward and the fused step alike) kept the merged weights
+    peft = pytest.importorskip("peft")
+    if not hf_kernels.onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setattr(hf_kernels, "MIN_PACKED_NUMEL", 0)
+    cfg = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"], task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pm = peft.get_peft_model(_tiny("llama"), cfg)
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0.0, 1.0)
+    pm.eval()
+    with pm.disable_adapter():
+        want = _ids(pm, fused_decode=False, packed_linears=False)
+    assert _ids(pm, fused_decode=False, packed_linears=False) != want  # the adapter changes the tokens
+    pm.merge_adapter()
+    with pm.disable_adapter():
+        assert _ids(pm, fused_decode=fused, packed_linears=True) == want
+
+
+def test_replaced_modules_and_custom_attention_are_refused():
+    import transformers
+
+    model = _tiny("qwen2")
+
+    class ShiftedMLP(type(model.model.layers[0].mlp)):
+        def forward(self, x):
+            return super().forward(x) + 0.5
+
+    mlp = model.model.layers[1].mlp
+    mlp.__class__ = ShiftedMLP  # same weights, another forward
+    want = _ids(model, fused_decode=False)
+    assert _ids(model) == want
+    with pytest.raises(ValueError, match=r"it has modules of other classes \(ShiftedMLP\)"):
+        HFBackend(model, _Tok(), share_model=True, fused_decode=True)
+    mlp.__class__ = ShiftedMLP.__mro__[1]
+
+    def halved(module, query, key, value, attention_mask, **kw):
+        out, w = transformers.integrations.sdpa_attention.sdpa_attention_forward(
+            module, query, key, value, attention_mask, **kw
+        )
+        return out * 0.5, w
+
+    transformers.AttentionInterface.register("halved_sdpa", halved)
+    model.config._attn_implementation = "halved_sdpa"
+    want = _ids(model, fused_decode=False)
+    assert _ids(model) == want
+    with pytest.raises(ValueError, match="its attention implementation 'halved_sdpa' is not eager or sdpa"):
+        HFBackend(model, _Tok(), share_model=True, fused_decode=True)
