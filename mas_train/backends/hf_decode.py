@@ -87,8 +87,17 @@ def supports_fused_decode(model: torch.nn.Module) -> str | None:
 
 
 def _ours(f: Any) -> bool:
-    """Whether an instance ``forward`` is one :mod:`.hf_kernels` installed (the same values as the class's)."""
-    return isinstance(f, functools.partial) and f.func in (_packed_linear, _fused_slice, _rms_norm)
+    """Whether an instance ``forward`` computes what the class's does: one :mod:`.hf_kernels` installed, or
+    TRL's fused-LM-head patch of the causal LM's forward (``GRPOTrainer`` installs it on the trained model; it
+    calls the original forward unless ``fused_lm_head=True``, which sampling never passes)."""
+    if isinstance(f, functools.partial) and f.func in (_packed_linear, _fused_slice, _rms_norm):
+        return True
+    code = getattr(getattr(f, "__func__", f), "__code__", None)
+    return (
+        code is not None
+        and code.co_name == "_fused_forward"
+        and "/trl/" in code.co_filename.replace("\\", "/")
+    )
 
 
 def _hooked(model: torch.nn.Module) -> bool:

@@ -303,3 +303,16 @@ def test_replaced_modules_and_custom_attention_are_refused():
     assert _ids(model) == want
     with pytest.raises(ValueError, match="its attention implementation 'halved_sdpa' is not eager or sdpa"):
         HFBackend(model, _Tok(), share_model=True, fused_decode=True)
+
+
+def test_trls_fused_lm_head_patch_still_runs_the_fused_step(tiny_model_and_tokenizer):
+    # GRPOTrainer patches the trained model's forward (add_fused_lm_head); the backend samples with that very
+    # module on CPU, so refusing every instance forward made the default run step through the model forward
+    from trl.trainer.utils import add_fused_lm_head
+
+    model, tok = tiny_model_and_tokenizer
+    model = copy.deepcopy(model)
+    add_fused_lm_head(model, temperature=1.0)
+    assert "forward" in model.__dict__
+    prompts = [chat_prompt(tok, t) for t in ("What is 2 + 3?", "Hi")]
+    _compare(model, tok, prompts, [SamplingParams(max_new_tokens=n, temperature=0.0) for n in (5, 3)])
