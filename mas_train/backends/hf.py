@@ -36,7 +36,9 @@ keeps its own generator, temperature, truncation and stop strings, so a seeded r
 On CPU, sampling runs the model's large linear layers through oneDNN-packed copies of their weights, its
 Llama-style RMSNorms through ``F.rms_norm``, and the KV cache in preallocated buffers
 (:mod:`mas_train.backends.hf_kernels`: measured 1.6-2.3x faster decode GEMMs, the norms and the cache bit for bit
-the same, the GEMMs up to float rounding).
+the same, the GEMMs up to float rounding), and each decode step of a Llama-family model (LoRA adapters included)
+as :mod:`mas_train.backends.hf_decode`'s fused step (~20 tensor ops per layer instead of ~45 through the
+modules; 1.07-1.18x the model forward's tok/s on SmolLM2 at batch 8; logits equal up to float rounding).
 
 Logprobs are ``log_softmax(logits / temperature)[token]`` (natural log, fp32; greedy: temperature 1), the
 quantity TRL's trainer recomputes and SGLang returns, so importance ratios compare like with like. Top-p/top-k
