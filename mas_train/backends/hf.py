@@ -38,7 +38,8 @@ Llama-style RMSNorms through ``F.rms_norm``, and the KV cache in preallocated bu
 (:mod:`mas_train.backends.hf_kernels`: measured 1.6-2.3x faster decode GEMMs, the norms and the cache bit for bit
 the same, the GEMMs up to float rounding), and each decode step of a Llama-family model (LoRA adapters included)
 as :mod:`mas_train.backends.hf_decode`'s fused step (~20 tensor ops per layer instead of ~45 through the
-modules; 1.07-1.18x the model forward's tok/s on SmolLM2 at batch 8; logits equal up to float rounding).
+modules; 0.99-1.18x the model forward's tok/s on SmolLM2 at batch 8 over 8 runs; logits equal up to float
+rounding).
 
 Logprobs are ``log_softmax(logits / temperature)[token]`` (natural log, fp32; greedy: temperature 1), the
 quantity TRL's trainer recomputes and SGLang returns, so importance ratios compare like with like. Top-p/top-k
@@ -201,9 +202,7 @@ class HFBackend:
         why_not = why_not or supports_fused_decode(self._model)
         if fused_decode and why_not:
             raise ValueError(f"fused_decode=True, but {why_not}; use fused_decode=None or False")
-        self._fused_decode = (
-            fused_decode if fused_decode is not None else (None if why_not is None else False)
-        )
+        self._fused_decode = False if why_not else fused_decode  # None: per batch, where the step applies
 
     @property
     def model(self) -> PreTrainedModel:

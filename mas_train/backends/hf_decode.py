@@ -14,8 +14,9 @@ sub-batches). :class:`FusedDecoder` computes the same step straight from the lay
 Every weight is the module's own (through its packed copy where :class:`~.hf_kernels.PackedLinears` packed it,
 else ``F.linear``), so the logits equal the model's forward up to float rounding (a different summation order:
 max |delta| ~5e-5 on SmolLM2, tested against the model's forward with left padding, finished rows dropped, Qwen3's
-q/k norms and two LoRA adapters mixed in one batch). Measured on SmolLM2-135M at batch 8, 2 threads: 42-50 vs
-48-61 ms per step through the model's forward (the packed GEMMs alone: 28-37 ms).
+q/k norms and two LoRA adapters mixed in one batch). Measured on SmolLM2-135M at batch 8, 2 threads
+(``benchmarks/generate.py``, 8 runs): 0.99-1.18x the tok/s of the same backend stepping through the model's
+forward; the default training run's first step 29.2-30.5 vs 31.6-32.2 s.
 
 **LoRA.** PEFT's mixed-adapter forward runs each adapter's rows as a sub-batch (an index, two products, a
 scale, an indexed add per adapter and layer). Here the A factors of every sibling and adapter in the batch are
@@ -79,6 +80,17 @@ def supports_fused_decode(model: torch.nn.Module) -> str | None:
     odd = sorted({type(m).__name__ for m, kind in parts if type(m).__name__ != prefix + kind})
     if odd:  # a subclass or replacement computes its own forward, which the step would not run
         return f"it has modules of other classes ({', '.join(odd)})"
+    norms = [core.norm] + [
+        n for lay in core.layers for n in (lay.input_layernorm, lay.post_attention_layernorm)
+    ]
+    norms += [
+        n for lay in core.layers for n in (getattr(lay.self_attn, a, None) for a in ("q_norm", "k_norm")) if n
+    ]
+    odd = sorted({type(n).__name__ for n in norms if type(n).__name__ not in RMS_NORMS})
+    if odd:
+        return f"it has norms of other classes ({', '.join(odd)})"
+    if type(core.embed_tokens) is not torch.nn.Embedding:  # e.g. a LoRA adapter on embed_tokens
+        return f"its input embedding is a {type(core.embed_tokens).__name__}, not an nn.Embedding"
     if getattr(cfg, "_attn_implementation", None) not in ("eager", "sdpa"):
         return f"its attention implementation {getattr(cfg, '_attn_implementation', None)!r} is not eager or sdpa"
     if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
@@ -131,20 +143,18 @@ def _is_lora_linear(m: torch.nn.Module) -> bool:
 
 
 class _Linear:
-    """One product over a unit of sibling projections (their packed copy, else their stacked weights) plus the
-    batch rows' LoRA deltas; ``bounds`` are the siblings' column ranges in the output."""
+    """One product over a unit of sibling projections (their packed copy; unpacked, one ``F.linear`` per sibling
+    and their outputs concatenated, so no batch copies the weights) plus the batch rows' LoRA deltas; ``bounds``
+    are the siblings' column ranges in the output."""
 
     def __init__(self, mods: list[torch.nn.Module], packed: bool) -> None:
         bases = [getattr(m, "base_layer", m) for m in mods]
         held = _PACKS.get(bases[0]) if packed else None  # another backend's packs may be stale
         if held is not None and held[0] == tuple(id(b) for b in bases):
             self.packed, self.bias = held[2], held[3]
-            self.weight = None
         else:
-            self.packed = None
-            self.weight = torch.cat([b.weight for b in bases]) if len(bases) > 1 else bases[0].weight
-            bias = [b.bias for b in bases]
-            self.bias = None if bias[0] is None else torch.cat(bias) if len(bias) > 1 else bias[0]
+            self.packed, self.bias = None, None
+        self.parts = [(b.weight, b.bias) for b in bases]
         self.mods = mods
         self.bounds = [0]
         for b in bases:
@@ -192,8 +202,10 @@ class _Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        elif len(self.parts) == 1:
+            y = F.linear(x, *self.parts[0])
         else:
-            y = F.linear(x, self.weight, self.bias)
+            y = torch.cat([F.linear(x, w, b) for w, b in self.parts], -1)
         if self.lora is not None:
             a_all, b_t, s = self.lora
             y = torch.addmm(y, torch.mm(x, a_all.T).mul_(s), b_t)
@@ -203,7 +215,7 @@ class _Linear:
 class _Layer(NamedTuple):
     n1: tuple[torch.Tensor, float]  # input_layernorm (weight, eps)
     qkv: _Linear
-    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None  # Qwen3's q_norm / k_norm weights, eps
+    qk_norm: tuple[tuple[torch.Tensor, float], tuple[torch.Tensor, float]] | None  # Qwen3's q_norm, k_norm
     scale: float  # attention scaling
     kv: PreallocatedLayer
     o: _Linear
@@ -232,7 +244,10 @@ class FusedDecoder:
             att, mlp = layer.self_attn, layer.mlp
             qk_norm = None
             if hasattr(att, "q_norm"):  # Qwen3: RMSNorm over each head's dims before the rotary
-                qk_norm = (att.q_norm.weight, att.k_norm.weight, att.q_norm.variance_epsilon)
+                qk_norm = (
+                    (att.q_norm.weight, att.q_norm.variance_epsilon),
+                    (att.k_norm.weight, att.k_norm.variance_epsilon),
+                )
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             self.layers.append(
                 _Layer(
@@ -276,17 +291,7 @@ class FusedDecoder:
             return None
         if not getattr(cache, "layers", None) or any(type(c) is not PreallocatedLayer for c in cache.layers):
             return None
-        lm = _causal_lm(model)
-        core = lm.model
-        norms = [core.norm] + [
-            n for lay in core.layers for n in (lay.input_layernorm, lay.post_attention_layernorm)
-        ]
-        if (
-            any(type(n).__name__ not in RMS_NORMS for n in norms)
-            or type(core.embed_tokens) is not torch.nn.Embedding
-        ):
-            return None
-        step = cls(lm, cache, packed)
+        step = cls(_causal_lm(model), cache, packed)
         n = len(adapters) if adapters is not None else int(cache.layers[0].keys.shape[0])
         for u in step._units():
             if not all(type(m) is torch.nn.Linear or _is_lora_linear(m) for m in u.mods):
@@ -322,9 +327,9 @@ class FusedDecoder:
             qkv = lay.qkv(F.rms_norm(x, (width,), *lay.n1))
             qk = qkv[:, : nq * d].view(b, nq, d)
             if lay.qk_norm is not None:
-                qw, kw, eps = lay.qk_norm
+                qn, kn = lay.qk_norm
                 qk = torch.cat(
-                    [F.rms_norm(qk[:, :heads], (d,), qw, eps), F.rms_norm(qk[:, heads:], (d,), kw, eps)], 1
+                    [F.rms_norm(qk[:, :heads], (d,), *qn), F.rms_norm(qk[:, heads:], (d,), *kn)], 1
                 )
             qk = torch.addcmul(qk * cos, torch.roll(qk, half, -1), sin)
             keys, values = lay.kv.update(qk[:, heads:, None], qkv[:, nq * d :].view(b, kvh, 1, d))

@@ -112,6 +112,7 @@ def test_fused_decode_matches_on_qwen3_with_qk_norms(tiny_model_and_tokenizer):
         for lay in model.model.layers:  # norms away from 1, so a skipped q/k norm would show
             lay.self_attn.q_norm.weight.uniform_(0.5, 1.5)
             lay.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+            lay.self_attn.k_norm.variance_epsilon = 0.5  # k_norm's own eps, not q_norm's, must be used
     prompts = [chat_prompt(tok, t) for t in ("What is 2 + 3?", "Hi", "Name a colour, then two more.")]
     sampling = [SamplingParams(max_new_tokens=n, temperature=0.0) for n in (6, 2, 4)]
     _compare(model, tok, prompts, sampling, eos_token_ids=())
@@ -168,6 +169,22 @@ def test_fused_decode_true_is_refused_where_unsupported():
     bf16 = _tiny("llama").to(torch.bfloat16)
     with pytest.raises(ValueError, match="its weights are not fp32"):
         HFBackend(bf16, _Tok(), share_model=True, fused_decode=True)
+
+
+def test_a_lora_on_the_embedding_is_refused_before_any_batch(tiny_model_and_tokenizer):
+    peft = pytest.importorskip("peft")
+    from mas_train.backends import make_backend
+    from mas_train.backends.options import HFOptions
+
+    model, tok = tiny_model_and_tokenizer
+    cfg = peft.LoraConfig(r=2, target_modules=["embed_tokens", "q_proj"], task_type="CAUSAL_LM")
+    pm = peft.get_peft_model(copy.deepcopy(model), cfg).eval()
+    with pytest.raises(ValueError, match="fused_decode=True, but its input embedding is a Embedding, not an"):
+        HFBackend(pm, tok, share_model=True, fused_decode=True)
+    assert HFBackend(pm, tok, share_model=True)._fused_decode is False
+    # the typed backend option reaches the backend
+    assert make_backend("hf", HFOptions(fused_decode=False), model, tok)._fused_decode is False
+    assert make_backend("hf", HFOptions(), model, tok)._fused_decode is None
 
 
 @pytest.mark.parametrize("vocab", [5, CDF_BLOCK, 1000, 49152])
