@@ -51,12 +51,12 @@ def main() -> None:
         a.steps = 1
         extra = ["--model", "tiny-qwen3", "--num_generations", "2", "--sampling.max_new_tokens", "8", *extra]
 
-    from mas_train.cli import _quiet_libraries
+    from mas_train.command import quiet_libraries
     from mas_train.config import parse_args
     from mas_train.trainer import MultiGroupTrainer
 
     threads = set_threads(a.threads)
-    _quiet_libraries()
+    quiet_libraries()
     out_dir = tempfile.mkdtemp(prefix="mas-bench-step-")
     argv = ["--env", a.env, "--max_steps", str(a.steps), "--eval_steps", "0", "--save_steps", "0"]
     if a.micro_batch_size is not None:

@@ -10,7 +10,7 @@ fraction of it. Goal: ``ratio_vs_trl <= 1.0``.
 
 ``--shared_prefix N`` starts every prompt of an agent with the same N tokens (as the few-shot prompts do: 244 of
 the verifier's ~265 tokens) and also times ours with the shared-prefix forward switched off
-(``mas_train.prefix``): ``ratio_shared_prefix`` = ours / ours-without-it, same batch, same gradient.
+(``mas_train.grpo.prefix``): ``ratio_shared_prefix`` = ours / ours-without-it, same batch, same gradient.
 
     python benchmarks/train_step.py --threads 2              # SmolLM2-135M, 8 samples, dapo
     python benchmarks/train_step.py --shared_prefix 200 --prompt_len 240 --completion_len 20 --batch 16
@@ -53,9 +53,10 @@ def main() -> None:
     import torch
     from trl import GRPOTrainer
 
+    from mas_train.grpo.trl_adapter import grpo_args, no_reward
+    from mas_train.grpo.update import GroupGRPOTrainer
     from mas_train.models import load_model_and_tokenizer
     from mas_train.rollout import Sample
-    from mas_train.update import GroupGRPOTrainer, _no_reward, grpo_args
 
     threads = set_threads(a.threads)
     model, tok = load_model_and_tokenizer(a.model)
@@ -92,7 +93,7 @@ def main() -> None:
     )
     # on-policy sampling logprobs, so the IS correction keeps every sequence (as with a real backend)
     inputs = ours.build_inputs(samples, adv)
-    true = ours._frozen_logps(ours.model, inputs)
+    true = ours.trl_logps(ours.model, inputs)
     samples = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)
@@ -100,7 +101,7 @@ def main() -> None:
     ds = __import__("datasets").Dataset.from_dict({"prompt": ["x"]})
     plain = GRPOTrainer(
         model=copy.deepcopy(model),
-        reward_funcs=[_no_reward],
+        reward_funcs=[no_reward],
         args=grpo_args(tmp + "/plain", **kw),
         train_dataset=ds,
         processing_class=tok,

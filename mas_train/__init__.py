@@ -8,14 +8,14 @@ its own (importing this package loads none of torch, transformers or TRL):
 * :mod:`mas_train.rollout`: ``RolloutCollector`` and ``Sample`` (one per agent turn, immutable).
 * :mod:`mas_train.advantages`: ``compute_advantages`` (Dr. MAS eq. 5, GRPO eq. 2, the mixed ablations) and the
   Lemma 4.2 statistics.
-* :mod:`mas_train.update`: ``GroupGRPOTrainer``, the GRPO update of one model group (a ``trl.GRPOTrainer``).
-* :mod:`mas_train.worker`: ``ModelGroupWorker`` (policy + update + backend, weight sync, save/load);
-  :mod:`mas_train.pools` and :mod:`mas_train.ray_pool` host workers; :mod:`mas_train.lora` wraps PEFT.
+* :mod:`mas_train.grpo.update`: ``GroupGRPOTrainer``, the GRPO update of one model group (a ``trl.GRPOTrainer``).
+* :mod:`mas_train.hosting.worker`: ``ModelGroupWorker`` (policy + update + backend, weight sync, save/load);
+  :mod:`mas_train.hosting.pools` and :mod:`mas_train.hosting.ray_pool` host workers; :mod:`mas_train.lora` wraps PEFT.
 * :mod:`mas_train.config`: ``TrainConfig`` and friends (dataclasses; YAML and CLI flags are views of them).
 * :mod:`mas_train.backends`: generation backends (Hugging Face on CPU, SGLang on GPU, OpenAI-compatible
   endpoints for frozen agents) and their contract suite.
 * :mod:`mas_train.tasks`, :mod:`mas_train.eval`, :mod:`mas_train.metrics`, :mod:`mas_train.checkpoint`,
-  :mod:`mas_train.tracking`, :mod:`mas_train.plots`, :mod:`mas_train.compare`, :mod:`mas_train.export`.
+  :mod:`mas_train.tracking`, :mod:`mas_train.tools.plots`, :mod:`mas_train.tools.compare`, :mod:`mas_train.tools.export`.
 
 See ``docs/training.md`` for what a run logs and how to resume it.
 """

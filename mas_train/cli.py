@@ -18,63 +18,13 @@ import dataclasses
 import json
 import os
 import sys
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mas_train.command import quiet_libraries, run_command
+
 __all__ = ["eval_main", "run_eval", "run_training", "train_main"]
-
-
-def _quiet_libraries() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.*")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-    except ImportError:
-        pass
-    try:  # "Generating train split" bars of every data file read
-        from datasets.utils.logging import disable_progress_bar
-
-        disable_progress_bar()
-    except ImportError:
-        pass
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean the user asked for something impossible (never a bug in mas-rl)."""
-    from mas_envs.registration import UnknownEnvError
-    from mas_train.config import ConfigError
-
-    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError)
-
-
-def _run(prog: str, argv: list[str], body: Callable[[list[str]], Any]) -> int:
-    """Run ``body(argv)``; print a user mistake as one ``prog: error:`` line (exit 2), Ctrl-C as exit 130."""
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    try:
-        body(argv)
-    except _user_errors() as err:
-        if debug:
-            traceback.print_exc()
-        msg = str(err).strip() or type(err).__name__
-        print(f"{prog}: error: {msg}", file=sys.stderr)
-        if not debug:
-            print(f"{prog}: (run with --debug for the traceback)", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if prog == "mas-train":
-            print(
-                "mas-train: interrupted; continue from the last checkpoint with --resume <run folder>",
-                file=sys.stderr,
-            )
-        return 130
-    return 0
 
 
 # ================================================================================================================
@@ -95,10 +45,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     def body(args: list[str]) -> None:
         from mas_train.config import parse_args
 
-        _quiet_libraries()
+        quiet_libraries()
         run_training(parse_args(args), progress=True)
 
-    return _run("mas-train", list(sys.argv[1:] if argv is None else argv), body)
+    return run_command("mas-train", list(sys.argv[1:] if argv is None else argv), body)
 
 
 # ================================================================================================================
@@ -172,7 +122,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
     from tqdm.auto import tqdm
 
     from mas_train.eval import eval_sampling, evaluate
-    from mas_train.pools import LocalPool
+    from mas_train.hosting.pools import LocalPool
     from mas_train.rollout import RolloutCollector
     from mas_train.startup import load_task_rows, make_env_factory, probe_env
     from mas_train.tasks import NoEvalTasksError, eval_tasks
@@ -207,7 +157,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
     if ev.model_groups or ev.agents:
         for g, rg in resolved.model_groups.items():
             print(f"  {g} ({', '.join(rg.agents)}): {_source(rg, g in fresh, weights)}", file=out)
-    _quiet_libraries()
+    quiet_libraries()
     pool = LocalPool(resolved, train=False).start()
     try:
         if weights is not None:
@@ -255,10 +205,10 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     def body(args: list[str]) -> None:
         from mas_train.config import parse_eval_args
 
-        _quiet_libraries()
+        quiet_libraries()
         run_eval(parse_eval_args(args))
 
-    return _run("mas-eval", list(sys.argv[1:] if argv is None else argv), body)
+    return run_command("mas-eval", list(sys.argv[1:] if argv is None else argv), body)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -58,7 +58,7 @@ def env_metrics(per_episode: Sequence[Mapping[str, float]], prefix: str = "env/"
 
 
 def update_metrics(group: str, out: Mapping[str, float]) -> dict[str, float]:
-    """Names of one model group's update results (:meth:`~mas_train.update.GroupGRPOTrainer.update`):
+    """Names of one model group's update results (:meth:`~mas_train.grpo.update.GroupGRPOTrainer.update`):
     ``grad_norm/<agent>`` → ``losses/grad_norm/<agent>`` (that agent's samples alone, Fig. 4), ``grad_norm`` →
     ``losses/group_grad_norm/<group>``, loss / entropy / KL / clip ratios → ``losses/<name>/<group>``,
     ``learning_rate`` → ``charts/learning_rate/<group>``, anything else → ``charts/<name>/<group>``."""

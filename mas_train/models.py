@@ -101,6 +101,40 @@ QWEN_CHAT_TEMPLATE = (
 )
 
 
+def resolve_device(spec: str) -> str:
+    """The torch device a ``device`` setting names: ``"auto"`` is ``"cuda"`` when a GPU is visible, else
+    ``"cpu"``; anything else is returned as given."""
+    import torch
+
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return spec
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The weight dtype a model group's ``dtype`` setting gives on ``device``: ``"auto"`` is ``"bfloat16"`` on
+    a GPU and ``"float32"`` elsewhere; anything else (``"float32"``, ``"bfloat16"``, ``"float16"``) as given."""
+    if dtype == "auto":
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    return dtype
+
+
+@contextlib.contextmanager
+def hf_progress_bars_off() -> Iterator[None]:
+    """Silence transformers' (and huggingface_hub's) tqdm bars, e.g. "Writing model shards" and "Loading
+    weights", for the block: they would interleave with mas-train's own progress bar. Restores the previous
+    setting on exit."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def cache_dir() -> Path:
     """The user cache root: ``$MAS_RL_CACHE``, else ``$XDG_CACHE_HOME/mas-rl``, else ``~/.cache/mas-rl``."""
     if os.environ.get("MAS_RL_CACHE"):

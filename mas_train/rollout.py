@@ -35,9 +35,9 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.base import ChatBackend, GenerationOutput, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -215,12 +215,32 @@ class RolloutBatch:
 
 
 class Generator(Protocol):
-    """Anything with the backend ``generate`` signature (a backend, a :class:`ModelGroupWorker`, a Ray handle
-    wrapper)."""
+    """What the collector needs of a model group: the backend ``generate`` signature (a backend, a
+    :class:`~mas_train.hosting.worker.ModelGroupWorker`, a Ray handle). Two optional capabilities are declared
+    as protocols of their own and checked with ``isinstance``: :class:`MixedBatchGenerator` (several groups'
+    adapters in one call) and :class:`~mas_train.backends.base.ChatBackend` (chat messages instead of ids)."""
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
     ) -> list[GenerationOutput]: ...
+
+
+@runtime_checkable
+class MixedBatchGenerator(Generator, Protocol):
+    """A generator whose rows can share one batched call with other groups' generators of the same
+    :attr:`mixed_batch_key` (LoRA adapters of several groups on one base model; ``None``: it generates alone)."""
+
+    @property
+    def mixed_batch_key(self) -> int | None: ...
+
+    def generate_mixed(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+        workers: Sequence[Any],
+    ) -> list[GenerationOutput]:
+        """Row i sampled with ``workers[i]``'s weights (all of this generator's :attr:`mixed_batch_key`)."""
+        ...
 
 
 def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
@@ -250,6 +270,10 @@ def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
     if ids and isinstance(ids[0], list):
         ids = ids[0]
     return [int(t) for t in ids]
+
+
+def _wants_messages(gen: Generator) -> bool:
+    return isinstance(gen, ChatBackend) and bool(gen.wants_messages)
 
 
 def request_seed(base_seed: int, *parts: object) -> int:
@@ -344,8 +368,8 @@ class RolloutCollector:
         for g in groups:
             gen = self.generators[g]
             key = None
-            if self.mix_adapters and not getattr(gen, "wants_messages", False):
-                key = getattr(gen, "mixed_batch_key", None)
+            if self.mix_adapters and isinstance(gen, MixedBatchGenerator) and not _wants_messages(gen):
+                key = gen.mixed_batch_key
             units.setdefault(("mixed", key) if key is not None else ("alone", g), []).append(g)
         return [tuple(u) for u in units.values()]
 
@@ -442,8 +466,9 @@ class RolloutCollector:
                 if len(unit) > 1:
                     # one call for several groups on one base model: each row with its own group's adapter
                     owners = [self.generators[p.model_group] for _, p, _ in reqs]
+                    assert isinstance(gen, MixedBatchGenerator)  # a unit of several groups shares a key
                     outs = gen.generate_mixed([r[1].prompt_ids for r in reqs], [r[2] for r in reqs], owners)
-                elif getattr(gen, "wants_messages", False):
+                elif isinstance(gen, ChatBackend) and gen.wants_messages:
                     # a chat endpoint (the openai backend) applies its own template to the env's messages
                     convs = [episodes[i].env.infos[p.agent]["messages"] for i, p, _ in reqs]
                     outs = gen.generate_messages(convs, [r[2] for r in reqs])

@@ -9,7 +9,7 @@ model loading, the loop of :meth:`MultiGroupTrainer.fit`, the summary. One step
 2. each turn's score ``s = R − c·invalid`` and its advantage (:func:`~mas_train.advantages.compute_advantages`,
    Dr. MAS eq. 5 by default), computed over the whole batch before it is split by model group;
 3. per model group: its samples and advantages to its worker's GRPO update
-   (:meth:`~mas_train.worker.ModelGroupWorker.update`), then the weight sync to its generation backend;
+   (:meth:`~mas_train.hosting.worker.ModelGroupWorker.update`), then the weight sync to its generation backend;
 4. the step's metrics (:mod:`mas_train.metrics` names them).
 
 :meth:`MultiGroupTrainer.fit` adds the cadence: an evaluation before the first update (step 0) when
@@ -35,7 +35,7 @@ class MultiGroupTrainer:
 
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig` (``TrainConfig.resolve``).
-        pool: a started or unstarted worker pool (default: :func:`mas_train.pools.make_pool`).
+        pool: a started or unstarted worker pool (default: :func:`mas_train.hosting.pools.make_pool`).
         env_factory: zero-argument env constructor (default: ``mas_envs.make(config.env, **env kwargs)``).
         train_tasks: task rows (default: :func:`mas_train.tasks.train_tasks`).
         eval_tasks: evaluation rows (default: :func:`mas_train.tasks.eval_tasks`, read on first use).
@@ -58,7 +58,7 @@ class MultiGroupTrainer:
         eval_tasks: Sequence[Mapping[str, Any]] | None = None,
         probe: Any = None,
     ) -> None:
-        from mas_train.pools import make_pool
+        from mas_train.hosting.pools import make_pool
         from mas_train.rollout import RolloutCollector
         from mas_train.startup import make_env_factory
         from mas_train.tasks import TaskSampler
@@ -460,7 +460,7 @@ def _plots(run_dir: Path, cfg: Any) -> list[Path]:
     if "jsonl" not in cfg.report_to:
         return []
     try:
-        from mas_train.plots import plot_run
+        from mas_train.tools.plots import plot_run
     except ImportError:  # matplotlib is part of the train extra; a trimmed install just skips the pictures
         return []
     return list(plot_run(run_dir, run_dir / "plots"))

@@ -3,7 +3,7 @@
 Usage: python scripts/lemma42.py [--out docs/img/lemma42.png] [--n_traj 200000] [--seed 0]
 
 Prints a markdown table (measured vs predicted factor per agent and shift) and writes the figure. The system
-is :func:`mas_train.lemma.sweep_setup` (see docs/lemma42.md for the construction); about 15 s on one core.
+is :func:`mas_train.tools.lemma.sweep_setup` (see docs/lemma42.md for the construction); about 15 s on one core.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mas_train.lemma import measure, predict, sweep_setup
+from mas_train.tools.lemma import measure, predict, sweep_setup
 
 SHIFTS = np.linspace(0.0, 2.4, 9)
 

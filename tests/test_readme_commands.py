@@ -113,11 +113,11 @@ def _main(prog: str):
     elif prog == "mas-index":
         from retrieval_index.cli import main
     elif prog == "mas-plot":
-        from mas_train.plots import main
+        from mas_train.tools.plots import main
     elif prog == "mas-export":
-        from mas_train.export import main
+        from mas_train.tools.export import main
     else:
-        from mas_train.compare import main
+        from mas_train.tools.compare import main
 
     def run(args):
         code = main(args)

@@ -124,14 +124,14 @@ def _number_string(x: numbers.Real | Decimal) -> str | None:
     return format(d, "f") if -40 <= d.adjusted() <= MAX_SYMPY_CHARS else str(d)
 
 
-def _gold_strings(gold: Any) -> list[str]:
+def gold_strings(gold: Any) -> list[str]:
     if gold is None or isinstance(gold, (bool, np.bool_)):
         return []
     if isinstance(gold, str):
         boxed = extract_boxed(gold) if "\\boxed" in gold or "\\fbox" in gold else None
         return [boxed if boxed is not None else gold]
     if isinstance(gold, (bytes, bytearray)):
-        return _gold_strings(bytes(gold).decode("utf-8", "replace"))
+        return gold_strings(bytes(gold).decode("utf-8", "replace"))
     if isinstance(gold, numbers.Integral):
         return [str(int(gold))]
     if isinstance(gold, numbers.Rational):
@@ -140,9 +140,9 @@ def _gold_strings(gold: Any) -> list[str]:
         s = _number_string(gold)
         return [s] if s is not None else []
     if isinstance(gold, np.ndarray):  # e.g. golden_answers of a parquet file read through pandas
-        return _gold_strings(gold.tolist())
+        return gold_strings(gold.tolist())
     if isinstance(gold, Sequence):
-        return [s for g in gold for s in _gold_strings(g)]
+        return [s for g in gold for s in gold_strings(g)]
     return []
 
 
@@ -163,7 +163,7 @@ def grade_math(response: Any, gold: Any) -> bool:
         if not isinstance(response, str):
             return False
         pred = extract_boxed(strip_think(response))
-        golds = [g for g in _gold_strings(gold) if g.strip()]
+        golds = [g for g in gold_strings(gold) if g.strip()]
         if pred is None or not pred.strip() or not golds:
             return False
         npred = normalize_answer(pred)

@@ -131,3 +131,30 @@ class GenerationBackend(Protocol):
     def close(self) -> None:
         """Release every resource (processes, sockets, memory). Idempotent."""
         ...
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """An optional capability of a backend: it takes chat messages instead of token ids (a chat endpoint that
+    applies its own template, e.g. :class:`~mas_train.backends.openai.OpenAIBackend` on ``/chat/completions``).
+    The rollout collector calls :meth:`generate_messages` when :attr:`wants_messages` is true."""
+
+    @property
+    def wants_messages(self) -> bool: ...
+
+    def generate_messages(
+        self,
+        messages: Sequence[Sequence[Mapping[str, str]]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+    ) -> list[GenerationOutput]:
+        """One completion per conversation (N lists of ``{"role", "content"}`` messages), in order."""
+        ...
+
+
+@runtime_checkable
+class UsageReporter(Protocol):
+    """An optional capability of a backend: request and token counters (remote endpoints), logged per step as
+    ``charts/backend/<counter>/<group>``."""
+
+    @property
+    def usage(self) -> Mapping[str, float]: ...

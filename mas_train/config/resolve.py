@@ -52,7 +52,7 @@ class ResolvedModelGroup:
             adapter. ``None``: the group owns its weights.
         micro_batch_size: samples per forward/backward of the group's update.
         num_ranks: processes the group's update runs on (1: in the worker; N > 1: N rank processes holding the
-            model sharded by ``sharding``, :mod:`mas_train.sharded`).
+            model sharded by ``sharding``, :mod:`mas_train.hosting.sharded`).
         sharding: the sharding of a group with ``num_ranks > 1`` (``"fsdp2"``).
         rank_gpu_ids: the GPU of each rank on a CUDA run (empty: GPUs ``0..num_ranks-1``).
     """

@@ -11,7 +11,7 @@ import torch
 from mas_train.backends import make_backend as make_backend_by_name
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
-from mas_train.backends.sampling import sample_tokens, truncate_logits
+from mas_train.backends.hf.sampling import sample_tokens, truncate_logits
 from mas_train.backends.testing import BackendContract, chat_prompt, reference_greedy, teacher_forced_logprobs
 
 

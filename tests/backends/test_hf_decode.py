@@ -1,4 +1,4 @@
-"""The fused decode step (:mod:`mas_train.backends.hf_decode`) against the model's own forward, and the two-level
+"""The fused decode step (:mod:`mas_train.backends.hf.decode`) against the model's own forward, and the two-level
 inverse-CDF sampler against a full cumulative sum."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mas_train.backends import hf_decode, hf_kernels
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
-from mas_train.backends.sampling import CDF_BLOCK, inverse_cdf
+from mas_train.backends.hf import decode as hf_decode
+from mas_train.backends.hf import kernels as hf_kernels
+from mas_train.backends.hf.sampling import CDF_BLOCK, inverse_cdf
 from mas_train.backends.testing import chat_prompt
 
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
-from mas_train.backends import hf_kernels
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
-from mas_train.backends.hf_kernels import (
+from mas_train.backends.hf import kernels as hf_kernels
+from mas_train.backends.hf.kernels import (
     PackedLinears,
     PreallocatedLayer,
     onednn_available,
@@ -185,7 +185,7 @@ def test_peft_base_layers_are_fused_and_mixed_adapter_decode_matches(
 
 def test_packed_linears_refused_off_cpu_or_without_onednn(tiny_model_and_tokenizer, monkeypatch):
     model, tok = tiny_model_and_tokenizer
-    monkeypatch.setattr("mas_train.backends.hf.onednn_available", lambda: False)
+    monkeypatch.setattr("mas_train.backends.hf.backend.onednn_available", lambda: False)
     with pytest.raises(ValueError, match="packed_linears=True needs generation on CPU with a oneDNN"):
         HFBackend(model, tok, packed_linears=True)
     assert HFBackend(model, tok)._packed is None  # the default falls back to F.linear
@@ -243,7 +243,7 @@ def test_backends_over_one_model_share_one_packed_copy():
     first, second = PackedLinears(lin), PackedLinears(lin)
     assert first.refresh() == 1
     assert second.refresh() == 0
-    assert hf_kernels._PACKS[lin][2] is not None
+    assert hf_kernels.PACKS[lin][2] is not None
     other = torch.nn.Linear(512, 256).requires_grad_(False)
     assert PackedLinears(other).refresh() == 1  # a different module gets its own
 
@@ -332,7 +332,7 @@ def test_close_frees_the_private_copy_and_its_packed_weights(tiny_model_and_toke
     backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, temperature=0.0))
     copy_ref = weakref.ref(backend.model)
     lm_head = weakref.ref(backend.model.lm_head)
-    assert lm_head() in hf_kernels._PACKS
+    assert lm_head() in hf_kernels.PACKS
     backend.close()
     gc.collect()
     assert copy_ref() is None  # before the fix PackedLinears.model kept the closed copy alive

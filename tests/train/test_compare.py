@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from _fake_runs import write_fake_run
 
-from mas_train.compare import (
+from mas_train.tools.compare import (
     build_report,
     count_spikes,
     is_finished,
@@ -143,7 +143,7 @@ def test_run_comparison_skips_finished_and_refuses_reserved_flags(tmp_path):
 
 # ~65 s on 2 cores (two tiny trainings): the one end-to-end check that mas-compare cannot rot
 def test_tiny_end_to_end_two_modes_then_rerun_trains_nothing(tmp_path, tiny_qwen3_path, monkeypatch, capsys):
-    import mas_train.compare as compare
+    import mas_train.tools.compare as compare
 
     argv = ["--out", str(tmp_path), "--modes", "drmas,grpo", "--seeds", "0"]
     argv += ["--env", "math-2agent", "--model", "tiny-qwen3", "--max_steps", "1", "--num_generations", "2"]
@@ -214,8 +214,8 @@ def test_tiny_two_modes_as_concurrent_ray_tasks(tmp_path, tiny_qwen3_path, monke
 def test_mode_band_keeps_steps_a_seed_did_not_log():
     from pathlib import Path
 
-    from mas_train.compare_report import _mode_band
-    from mas_train.plots import RunMetrics
+    from mas_train.tools.compare_report import _mode_band
+    from mas_train.tools.plots import RunMetrics
 
     a = RunMetrics(Path("a"), "a", {"k": ([1, 2, 3], [1.0, 2.0, 3.0])})
     b = RunMetrics(Path("b"), "b", {"k": ([1, 3], [3.0, 5.0])})  # undefined at step 2 in this seed

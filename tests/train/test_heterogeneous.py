@@ -76,7 +76,7 @@ def shared_model(tmp_path_factory, tiny_qwen3_path):
 
 
 def _train_two_steps(pool: str, shared_model: str, out_dir: Path) -> dict[str, tuple[str, str]]:
-    from mas_train.ray_pool import parameter_fingerprint
+    from mas_train.hosting.ray_pool import parameter_fingerprint
     from mas_train.trainer import MultiGroupTrainer
 
     raw = yaml.safe_load(EXAMPLE.read_text())

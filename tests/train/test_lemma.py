@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mas_train.advantages import compute_advantages, lemma_factors, lemma_metrics
-from mas_train.lemma import Kind, LemmaSetup, measure, predict, sweep_setup
+from mas_train.tools.lemma import Kind, LemmaSetup, measure, predict, sweep_setup
 
 # Three task groups; no penalties, so a turn's score is its trajectory's R.
 # task A: R = [1, 0, 1, 0]; solver once in each, verifier in trajectories 1 and 3 (scores [1, 1]).

@@ -83,14 +83,14 @@ def test_shared_lora_one_base_two_adapters_each_trains_only_its_own(tmp_path, ti
     tr = _trainer(tmp_path, tiny_qwen3_path, **SHARED)
     try:
         sol, ver = tr.pool.worker("solver"), tr.pool.worker("verifier")
-        peft_model = sol.peft_model
-        assert ver.peft_model is peft_model  # one base model in memory
+        peft_model = sol.policy.shared_base
+        assert ver.policy.shared_base is peft_model  # one base model in memory
         assert list(peft_model.peft_config) == AGENTS
         # each optimizer holds exactly its own adapter's parameters
         for w, r, lr in ((sol, 4, 1e-2), (ver, 2, 5e-3)):
             assert peft_model.peft_config[w.group].r == r
-            assert {grp["lr"] for grp in w.trainer.optimizer.param_groups} <= {lr, 0.0}
-            held = {id(p) for grp in w.trainer.optimizer.param_groups for p in grp["params"]}
+            assert {grp["lr"] for grp in w.policy.trainer.optimizer.param_groups} <= {lr, 0.0}
+            held = {id(p) for grp in w.policy.trainer.optimizer.param_groups for p in grp["params"]}
             own = {id(p) for n, p in peft_model.named_parameters() if is_adapter_param(n, w.group)}
             assert held == own and len(own) == 2 * 4 * 2  # lora_A and lora_B on 4 modules x 2 layers
             assert w.num_parameters == sum(
@@ -136,9 +136,9 @@ def test_shared_lora_one_base_two_adapters_each_trains_only_its_own(tmp_path, ti
         assert len(_changed(mid["solver"], end["solver"])) == len(mid["solver"])  # now A moves too
 
         # generation uses the calling group's adapter
-        sol._activate()
+        sol.policy.activate(training=False)
         lp_sol = _logps(peft_model, FIXED)
-        ver._activate()
+        ver.policy.activate(training=False)
         lp_ver = _logps(peft_model, FIXED)
         assert not torch.allclose(lp_sol, lp_ver)
     finally:
@@ -156,8 +156,8 @@ def test_adapters_save_in_peft_format_and_reload_to_the_same_logprobs(tmp_path, 
         ckpt = tr.save_checkpoint()
         expected = {}
         for a in AGENTS:
-            tr.pool.worker(a)._activate()
-            expected[a] = _logps(tr.pool.worker(a).peft_model, FIXED)
+            tr.pool.worker(a).policy.activate(training=False)
+            expected[a] = _logps(tr.pool.worker(a).policy.shared_base, FIXED)
     finally:
         tr.close()
     for a in AGENTS:
@@ -178,22 +178,22 @@ def test_adapters_save_in_peft_format_and_reload_to_the_same_logprobs(tmp_path, 
             assert (_logps(loaded, FIXED) - expected[a]).abs().max() > 1e-4
 
     # the mas-eval path: generation-only workers (train=False) load the adapters and reproduce the policy
-    from mas_train.pools import LocalPool
+    from mas_train.hosting.pools import LocalPool
 
     pool = LocalPool(_cfg(tmp_path, tiny_qwen3_path, "eval", **SHARED).resolve(AGENTS), train=False).start()
     try:
         for a in AGENTS:
             w = pool.worker(a)
             assert (
-                w.trainer is None
+                w.policy.trainer is None
                 and w.num_parameters == 0
-                and w.peft_model is pool.worker("solver").peft_model
+                and w.policy.shared_base is pool.worker("solver").policy.shared_base
             )
             w.load_weights(str(ckpt / "groups" / a))
         for a in AGENTS:
-            pool.worker(a)._activate()
+            pool.worker(a).policy.activate(training=False)
             torch.testing.assert_close(
-                _logps(pool.worker(a).peft_model, FIXED), expected[a], rtol=0, atol=1e-5
+                _logps(pool.worker(a).policy.shared_base, FIXED), expected[a], rtol=0, atol=1e-5
             )
     finally:
         pool.shutdown()
@@ -201,7 +201,7 @@ def test_adapters_save_in_peft_format_and_reload_to_the_same_logprobs(tmp_path, 
     # mas-export: one merged plain HF model per agent, same logprobs, no PEFT needed to load it
     from transformers import AutoModelForCausalLM
 
-    from mas_train.export import main as export_main
+    from mas_train.tools.export import main as export_main
 
     assert export_main([str(ckpt.parent.parent), "--out", str(tmp_path / "export")]) == 0
     for a in AGENTS:
@@ -218,15 +218,15 @@ def test_shared_lora_resume_continues_exactly(tmp_path, tiny_qwen3_path):
         a.train_step()
         ckpt = a.save_checkpoint()
         m2, extra2 = a.train_step()
-        params_a = _snapshot(a.pool.worker("solver").peft_model)
+        params_a = _snapshot(a.pool.worker("solver").policy.shared_base)
     finally:
         a.close()
     b = _trainer(tmp_path, tiny_qwen3_path, "b", **kw)
     try:
         b.load_checkpoint(ckpt)
-        assert b.step == 1 and b.pool.worker("verifier").trainer.state.global_step == 1
+        assert b.step == 1 and b.pool.worker("verifier").policy.trainer.state.global_step == 1
         m2b, extra2b = b.train_step()
-        params_b = _snapshot(b.pool.worker("solver").peft_model)
+        params_b = _snapshot(b.pool.worker("solver").policy.shared_base)
     finally:
         b.close()
     assert extra2b["tasks"] == extra2["tasks"]
@@ -246,16 +246,18 @@ def test_lora_group_with_a_private_backend_copy_syncs_only_the_adapter(tmp_path,
     )
     try:
         w = tr.pool.worker("shared")
-        assert w.adapter == "shared" and w.backend.model is not w.peft_model
+        assert w.policy.adapter == "shared" and w.backend.model is not w.policy.shared_base
         gen_before = _snapshot(w.backend.model)
         tr.train_step()
         # LoRA dropout survives TRL's disable_dropout (a setting we cannot honour would be refused, not zeroed)
-        drops = [m.lora_dropout["shared"].p for m in w.peft_model.modules() if hasattr(m, "lora_dropout")]
+        drops = [
+            m.lora_dropout["shared"].p for m in w.policy.shared_base.modules() if hasattr(m, "lora_dropout")
+        ]
         assert drops and set(drops) == {0.1}
         gen_after = _snapshot(w.backend.model)
         changed = _changed(gen_before, gen_after)
         assert changed and all(is_adapter_param(n, "shared") for n in changed)  # only the adapter was pushed
-        for n, p in w.peft_model.named_parameters():
+        for n, p in w.policy.shared_base.named_parameters():
             assert torch.equal(gen_after[n], p.detach()), n
         assert w.weight_version == 1
     finally:
@@ -274,7 +276,7 @@ def test_a_frozen_verifier_acts_and_is_logged_but_only_the_solver_trains(tmp_pat
     )
     try:
         sol, ver = tr.pool.worker("solver"), tr.pool.worker("verifier")
-        assert ver.trainer is None and ver.num_parameters == 0  # no optimizer, no optimizer state
+        assert ver.policy.trainer is None and ver.num_parameters == 0  # no optimizer, no optimizer state
         before = {g: _snapshot(tr.pool.worker(g).model) for g in AGENTS}
         metrics, _ = tr.train_step()
         assert len(_changed(before["solver"], _snapshot(sol.model))) == len(before["solver"])
@@ -290,7 +292,7 @@ def test_a_frozen_verifier_acts_and_is_logged_but_only_the_solver_trains(tmp_pat
     # mas-export: the trained solver's folder, and the frozen verifier's base model
     from transformers import AutoModelForCausalLM
 
-    from mas_train.export import export_checkpoint
+    from mas_train.tools.export import export_checkpoint
 
     written = export_checkpoint(ckpt, tmp_path / "export")
     assert list(written) == AGENTS
@@ -303,7 +305,9 @@ def test_lora_kl_reference_is_the_base_with_the_adapter_disabled(tmp_path, tiny_
     tr = _trainer(tmp_path, tiny_qwen3_path, model_groups={"shared": {"lora": {"r": 2}}}, grpo={"beta": 0.1})
     try:
         w = tr.pool.worker("shared")
-        assert w.trainer.ref_model is None and w.trainer._ref_is_base  # no second copy of the weights
+        assert (
+            w.policy.trainer.ref_model is None and w.policy.trainer.ref_is_base
+        )  # no second copy of the weights
         m1, _ = tr.train_step()
         m2, _ = tr.train_step()
         # step 1: the adapter is still B = 0, so policy = reference and KL = 0; after it moved, KL > 0
@@ -317,7 +321,7 @@ def test_initial_adapters_depend_on_the_run_seed_and_group_not_on_the_global_rng
     def adapters(name, seed, consume):
         torch.rand(consume)  # whatever ran before in the process must not change the initial adapters
         tr = _trainer(tmp_path, tiny_qwen3_path, run_name=name, seed=seed, **SHARED)
-        params = _split(_snapshot(tr.pool.worker("solver").peft_model), ["solver", "verifier"])
+        params = _split(_snapshot(tr.pool.worker("solver").policy.shared_base), ["solver", "verifier"])
         return params["solver"], params["verifier"]
 
     s1, v1 = adapters("a", 0, 3)
@@ -345,7 +349,7 @@ def _run_two_steps(tmp_path, model, *, mix_adapters):
     try:
         for _ in range(2):
             steps.append(tr.train_step()[0])
-        params = _snapshot(tr.pool.worker("solver").peft_model)
+        params = _snapshot(tr.pool.worker("solver").policy.shared_base)
     finally:
         tr.close()
     return batches, steps, params

@@ -59,14 +59,14 @@ def run(tmp_path_factory):
 @pytest.fixture
 def workers_seen(monkeypatch):
     """What each model group's worker held when mas-eval shut its pool down."""
-    from mas_train.pools import LocalPool
+    from mas_train.hosting.pools import LocalPool
 
     seen: dict[str, dict] = {}
     shutdown = LocalPool.shutdown
 
     def spy(self):
         for g, w in self._workers.items():
-            norm = w._unwrapped().get_parameter(NORM).detach().clone() if w.model is not None else None
+            norm = w.model.get_parameter(NORM).detach().clone() if w.model is not None else None
             seen[g] = {"backend": type(w.backend).__name__, "model": w.model, "norm": norm, "usage": w.usage}
         shutdown(self)
 
@@ -199,7 +199,7 @@ def test_sources_from_an_eval_config_file(run, workers_seen, tmp_path):
     ],
 )  # fmt: skip
 def test_an_override_that_cannot_be_honoured_is_one_error_line(run, flags, line, capsys, monkeypatch):
-    from mas_train.pools import LocalPool
+    from mas_train.hosting.pools import LocalPool
 
     def no_models(self):
         raise AssertionError("a model was loaded before the error")

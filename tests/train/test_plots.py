@@ -7,7 +7,7 @@ import json
 import pytest
 from _fake_runs import write_fake_run
 
-from mas_train.plots import load_run, main, plot_run, plot_runs, trailing_mean
+from mas_train.tools.plots import load_run, main, plot_run, plot_runs, trailing_mean
 
 ALL = ["reward.png", "eval.png", "invalid_rate.png", "grad_norm.png", "env.png", "lemma_factor.png"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -10,7 +10,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from mas_train.config import ConfigError, TrainConfig  # noqa: E402
-from mas_train.ray_pool import RayPool, bundle_layout, parameter_fingerprint, placement_bundles  # noqa: E402
+from mas_train.hosting.ray_pool import RayPool, bundle_layout, parameter_fingerprint, placement_bundles  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def branching_models(tmp_path_factory, tiny_qwen3_path):
 
 def test_workers_run_in_actors_and_are_cleaned_up(ray_cluster, tiny_qwen3_path, tmp_path):
     from mas_train.backends.base import SamplingParams
-    from mas_train.pools import make_pool
+    from mas_train.hosting.pools import make_pool
 
     resolved = _resolved(solver={"num_cpus": 1}, verifier={"num_cpus": 0.5})
     resolved.config.pool = "ray"
@@ -251,7 +251,7 @@ def test_ctrl_c_removes_the_actors(tmp_path, tiny_qwen3_path):
     script.write_text(
         "import os, time\n"
         "from mas_train.config import TrainConfig\n"
-        "from mas_train.ray_pool import RayPool\n"
+        "from mas_train.hosting.ray_pool import RayPool\n"
         "groups = {'verifier': {'num_cpus': 0.5}, 'solver': {'num_cpus': 0.5}}\n"
         "cfg = TrainConfig.from_dict({'env': 'math-2agent', 'model': os.environ['MODEL_PATH'],\n"
         "    'model_sharing': 'per_agent', 'report_to': ['none'], 'model_groups': groups})\n"

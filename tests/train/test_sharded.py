@@ -15,7 +15,8 @@ pytest.importorskip("trl")
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
 from mas_train.config import ConfigError, TrainConfig  # noqa: E402
-from mas_train.sharded import RankFailure, optimizer_state_by_index, rank_share  # noqa: E402
+from mas_train.hosting.policy import ShardedPolicy  # noqa: E402
+from mas_train.hosting.sharded import RankFailure, optimizer_state_by_index, rank_share  # noqa: E402
 from mas_train.trainer import MultiGroupTrainer  # noqa: E402
 
 AGENTS = ["solver", "verifier"]
@@ -184,14 +185,18 @@ def _run(tmp_path, model, name, steps=2, seen=None, **kw):
             m, _extra = t.train_step()
         for g in t.groups:
             w = t.pool.worker(g)
-            if w.ranks is not None:  # each rank holds about half of the weights and of AdamW's two moments
+            if isinstance(
+                w.policy, ShardedPolicy
+            ):  # each rank holds about half of the weights and of AdamW's two moments
                 sizes = w.rank_sizes()  # (FSDP2 pads a tensor whose first dim is odd: not exactly half)
                 assert sum(s["params"] for s in sizes) == w.num_parameters, sizes
                 for s in sizes:
                     assert abs(s["params"] - w.num_parameters / 2) < 0.001 * w.num_parameters, sizes
                     assert s["optimizer"] == 2 * s["params"], sizes
                 # the weight sync moves the full fp32 weights to the worker once
-                sync_bytes = sum(v.numel() * v.element_size() for v in w.ranks.full_state_dict().values())
+                sync_bytes = sum(
+                    v.numel() * v.element_size() for v in w.policy.ranks.full_state_dict().values()
+                )
                 print(f"{g}: sync bytes per step {sync_bytes:,}")
                 assert sync_bytes == 4 * w.num_parameters
         return _params(t), m
@@ -281,9 +286,9 @@ def _alive(pid: int) -> bool:
 def test_killing_a_rank_fails_naming_group_and_rank_and_leaves_no_process(tmp_path, tiny_qwen3_path):
     t = _trainer(_cfg(tmp_path, tiny_qwen3_path, "kill", num_ranks=2, model_sharing="per_agent"))
     try:
-        ranks = t.pool.worker("verifier").ranks
+        ranks = t.pool.worker("verifier").policy.ranks
         t.train_step()  # the ranks are up and have trained once
-        pids = [p for g in t.groups for p in t.pool.worker(g).ranks.pids]
+        pids = [p for g in t.groups for p in t.pool.worker(g).policy.ranks.pids]
         os.kill(ranks.pids[1], signal.SIGKILL)
         with pytest.raises(RankFailure, match=r"model group 'verifier': rank 1 of 2 died") as err:
             t.train_step()

@@ -12,11 +12,11 @@ pytest.importorskip("trl")
 
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
+from mas_train.grpo.update import GroupGRPOTrainer, grpo_args  # noqa: E402
+from mas_train.hosting.worker import StaleSampleError  # noqa: E402
 from mas_train.rollout import Sample  # noqa: E402
 from mas_train.tasks import TaskSampler  # noqa: E402
 from mas_train.trainer import MultiGroupTrainer  # noqa: E402
-from mas_train.update import GroupGRPOTrainer, grpo_args  # noqa: E402
-from mas_train.worker import StaleSampleError  # noqa: E402
 
 
 def _samples(n_solver=4, n_verifier=3, seed=0):
@@ -169,8 +169,8 @@ def _prefixed_samples(seed=0):
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.parametrize("lora", [False, True])
 def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, tmp_path, lora, monkeypatch):
-    import mas_train.update as update_module
-    from mas_train.prefix import common_prefix_len
+    import mas_train.grpo.update as update_module
+    from mas_train.grpo.prefix import common_prefix_len
 
     calls = []  # the shared path must really run (one call per micro-batch of the shared trainer)
     real = update_module.prefix_logps
@@ -194,7 +194,7 @@ def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, t
     shared, plain = build(True), build(False)
     inputs = plain.build_inputs(samples, ADV)
     # on-policy sampling logprobs (the IS ratio is 1 but its path runs)
-    true = plain._frozen_logps(plain.model, inputs)
+    true = plain.trl_logps(plain.model, inputs)
     samples = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)
@@ -216,7 +216,7 @@ def test_importance_sampling_ratio_from_sampling_logprobs(tiny_model_and_tokeniz
     tr = _trainer(tiny_model_and_tokenizer, tmp_path)  # TRL default: sequence_mask, clip max 3
     samples = _samples(2, 0)
     inputs = tr.build_inputs(samples, [1.0, -1.0])
-    true = tr._frozen_logps(tr.model, inputs)
+    true = tr.trl_logps(tr.model, inputs)
     on_policy = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mas_envs.core import task_id_of
-from mas_envs.rewards.math import _gold_strings, extract_boxed, grade_math, strip_think
+from mas_envs.rewards.math import extract_boxed, gold_strings, grade_math, strip_think
 
 __all__ = [
     "MATH_FUZZ",
@@ -42,7 +42,7 @@ def gold_of(task: dict[str, Any]) -> Any:
 
 def require_gold(task: dict[str, Any]) -> None:
     """Raise `ValueError` unless the task has a gold answer `grade_math` can match (else every reward is 0)."""
-    if not any(g.strip() for g in _gold_strings(gold_of(task))):
+    if not any(g.strip() for g in gold_strings(gold_of(task))):
         raise ValueError(
             f"math task {task_id_of(task)} has no gold answer: give it an 'answer' (str or number) or a "
             f"non-empty 'golden_answers' list; got answer={task.get('answer')!r}, "

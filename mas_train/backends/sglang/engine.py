@@ -11,17 +11,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.server import (
+    LoRAAdapterSync,
+    named_tensor_list,
+    per_prompt_sampling,
+    validate_prompts,
+)
 from mas_train.backends.sglang.wire import (
     INSTALL_HINT,
-    _buckets,
-    _check,
-    _LoRASync,
-    _named_tensor_list,
-    _per_prompt_sampling,
-    _result_ok,
-    _validate_prompts,
+    check_result,
     parse_sglang_outputs,
+    result_ok,
     to_sglang_sampling_params,
+    weight_buckets,
     write_hf_checkpoint,
 )
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["SGLangEngineBackend"]
 
 
-class SGLangEngineBackend(_LoRASync):
+class SGLangEngineBackend(LoRAAdapterSync):
     """Generation through an in-process ``sglang.Engine`` (one per model group).
 
     Args:
@@ -155,8 +157,8 @@ class SGLangEngineBackend(_LoRASync):
             ValueError: an empty prompt, or a sampling list of the wrong length.
         """
         self._check_usable()
-        prompts = _validate_prompts(prompt_ids)
-        samplings = _per_prompt_sampling(prompts, sampling)
+        prompts = validate_prompts(prompt_ids)
+        samplings = per_prompt_sampling(prompts, sampling)
         if not prompts:
             return []
         version = self.weight_version
@@ -188,7 +190,7 @@ class SGLangEngineBackend(_LoRASync):
                 backend is asleep/closed. The version is not bumped then.
         """
         self._check_usable()
-        items = _named_tensor_list(named_tensors)
+        items = named_tensor_list(named_tensors)
         if self.lora_name is not None:
             self._push_adapter(items, self.weight_version + 1)
         elif self.weight_sync == "tensor":
@@ -201,34 +203,34 @@ class SGLangEngineBackend(_LoRASync):
 
     def _update_from_tensor(self, items: list[tuple[str, torch.Tensor]]) -> None:
         if self.has_update_session:
-            _check(self.engine.begin_weight_update(), "begin_weight_update")
+            check_result(self.engine.begin_weight_update(), "begin_weight_update")
         try:
-            for bucket in _buckets(items, self.bucket_bytes):
+            for bucket in weight_buckets(items, self.bucket_bytes):
                 if self.tensor_device is not None:
                     bucket = [(n, t.detach().to(self.tensor_device)) for n, t in bucket]
-                _check(
+                check_result(
                     self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False),
                     "update_weights_from_tensor",
                 )
         finally:
             if self.has_update_session:
-                _check(self.engine.end_weight_update(), "end_weight_update")
+                check_result(self.engine.end_weight_update(), "end_weight_update")
 
     def _update_from_disk(self, items: list[tuple[str, torch.Tensor]]) -> None:
         with tempfile.TemporaryDirectory(prefix="mas_sglang_weights_") as tmp:
             write_hf_checkpoint(items, tmp, model_config=self.model_config, source_dir=self.model_path)
-            _check(self.engine.update_weights_from_disk(model_path=tmp), "update_weights_from_disk")
+            check_result(self.engine.update_weights_from_disk(model_path=tmp), "update_weights_from_disk")
 
     def _load_lora(self, name: str, path: str) -> None:
-        _check(self.engine.load_lora_adapter(lora_name=name, lora_path=path), "load_lora_adapter")
+        check_result(self.engine.load_lora_adapter(lora_name=name, lora_path=path), "load_lora_adapter")
 
     def _unload_lora(self, name: str) -> None:
-        _check(self.engine.unload_lora_adapter(lora_name=name), "unload_lora_adapter")
+        check_result(self.engine.unload_lora_adapter(lora_name=name), "unload_lora_adapter")
 
     def _flush_cache(self) -> None:
         # flush_cache refuses while requests are in flight; generate() is synchronous, so retry only briefly
         for attempt in range(3):
-            ok, message = _result_ok(self.engine.flush_cache())
+            ok, message = result_ok(self.engine.flush_cache())
             if ok:
                 return
             time.sleep(0.1 * (attempt + 1))
@@ -238,14 +240,14 @@ class SGLangEngineBackend(_LoRASync):
         """Release weights and KV cache (``release_memory_occupation``); a no-op without the memory saver."""
         if self._closed or self._asleep or not self.enable_memory_saver:
             return
-        _check(self.engine.release_memory_occupation(), "release_memory_occupation")
+        check_result(self.engine.release_memory_occupation(), "release_memory_occupation")
         self._asleep = True
 
     def wake(self) -> None:
         """Re-occupy the memory released by :meth:`sleep` (``resume_memory_occupation``)."""
         if self._closed or not self._asleep:
             return
-        _check(self.engine.resume_memory_occupation(), "resume_memory_occupation")
+        check_result(self.engine.resume_memory_occupation(), "resume_memory_occupation")
         self._asleep = False
 
     def close(self) -> None:

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.server import HTTPServerClient, start_server_process
+from mas_train.backends.server import (
+    HTTPServerClient,
+    LoRAAdapterSync,
+    named_tensor_list,
+    per_prompt_sampling,
+    start_server_process,
+    validate_prompts,
+)
 from mas_train.backends.sglang.wire import (
-    _check,
-    _LoRASync,
-    _named_tensor_list,
-    _per_prompt_sampling,
-    _validate_prompts,
+    check_result,
     parse_sglang_outputs,
     to_sglang_sampling_params,
     write_hf_checkpoint,
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["SGLangHTTPBackend"]
 
 
-class SGLangHTTPBackend(_LoRASync, HTTPServerClient):
+class SGLangHTTPBackend(LoRAAdapterSync, HTTPServerClient):
     """Generation through an SGLang HTTP server (``python -m sglang.launch_server``), with only ``httpx`` here.
 
     Args:
@@ -162,7 +165,7 @@ class SGLangHTTPBackend(_LoRASync, HTTPServerClient):
             body = r.json() if r.content else None
         except ValueError:
             body = None
-        _check(body, what)
+        check_result(body, what)
         return r
 
     # -- GenerationBackend -------------------------------------------------------------------------------
@@ -179,8 +182,8 @@ class SGLangHTTPBackend(_LoRASync, HTTPServerClient):
             ConnectionError / TimeoutError: the server cannot be reached / did not answer in time.
         """
         self._check_usable()
-        prompts = _validate_prompts(prompt_ids)
-        samplings = _per_prompt_sampling(prompts, sampling)
+        prompts = validate_prompts(prompt_ids)
+        samplings = per_prompt_sampling(prompts, sampling)
         if not prompts:
             return []
         version = self.weight_version
@@ -215,7 +218,7 @@ class SGLangHTTPBackend(_LoRASync, HTTPServerClient):
             RuntimeError: the server answered ``success: false`` or an error status (message included).
         """
         self._check_usable()
-        items = _named_tensor_list(named_tensors)
+        items = named_tensor_list(named_tensors)
         if self.lora_name is not None:
             self._push_adapter(items, self.weight_version + 1)
             self._flush()

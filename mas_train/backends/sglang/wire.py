@@ -12,11 +12,7 @@ from mas_train.backends.base import GenerationOutput, SamplingParams
 
 # the request checks, checkpoint writers and LoRA sync live in mas_train.backends.server (shared with vllm_http);
 # re-exported here under the names the SGLang modules use
-from mas_train.backends.server import LoRAAdapterSync as _LoRASync  # noqa: F401
 from mas_train.backends.server import earliest_stop as _earliest_stop
-from mas_train.backends.server import named_tensor_list as _named_tensor_list  # noqa: F401
-from mas_train.backends.server import per_prompt_sampling as _per_prompt_sampling  # noqa: F401
-from mas_train.backends.server import validate_prompts as _validate_prompts  # noqa: F401
 from mas_train.backends.server import write_hf_checkpoint, write_peft_adapter
 
 if TYPE_CHECKING:
@@ -25,9 +21,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "check_result",
     "parse_sglang_output",
     "parse_sglang_outputs",
+    "result_ok",
     "to_sglang_sampling_params",
+    "weight_buckets",
     "write_hf_checkpoint",
     "write_peft_adapter",
 ]
@@ -164,7 +163,7 @@ def parse_sglang_output(
     )
 
 
-def _result_ok(result: Any) -> tuple[bool, str]:
+def result_ok(result: Any) -> tuple[bool, str]:
     """Normalise SGLang's many success conventions: ``(success, message[, n])``, ``{"success": ...}``, an
     output object with ``.success``, a bool, or ``None`` (older calls that return nothing on success)."""
     if result is None:
@@ -182,13 +181,13 @@ def _result_ok(result: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def _check(result: Any, what: str) -> None:
-    ok, message = _result_ok(result)
+def check_result(result: Any, what: str) -> None:
+    ok, message = result_ok(result)
     if not ok:
         raise RuntimeError(f"SGLang {what} failed: {message or repr(result)}")
 
 
-def _buckets(
+def weight_buckets(
     items: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int
 ) -> Iterable[list[tuple[str, torch.Tensor]]]:
     # Few large buckets: many small ones garbled outputs in sglang#14178 and cost one RPC each.

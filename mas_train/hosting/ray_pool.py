@@ -3,13 +3,13 @@
 Each model group asks for ``num_cpus`` / ``num_gpus`` (fractions allowed, e.g. two groups at ``num_gpus: 0.5``
 share one GPU); the pool turns those into one bundle per group (and one per rank of a sharded group), reserves
 them all at once with a placement group (strategy ``PACK`` by default: as few nodes as possible, spilling over
-when one is not enough), and starts a :class:`~mas_train.worker.ModelGroupWorker` per group in an actor pinned
+when one is not enough), and starts a :class:`~mas_train.hosting.worker.ModelGroupWorker` per group in an actor pinned
 to its bundle. The actor holds the group's policy, its TRL trainer and its generation backend, so weights never
 leave the actor: the driver sends token ids and samples, and gets completions, metrics and versions back.
 
-A sharded group (``num_ranks: N > 1``, :mod:`mas_train.sharded`) holds N + 1 bundles: its worker's, then one
+A sharded group (``num_ranks: N > 1``, :mod:`mas_train.hosting.sharded`) holds N + 1 bundles: its worker's, then one
 per rank (:func:`bundle_layout`). Its worker's actor starts the N ranks as N actors of their own
-(:class:`~mas_train.sharded_ray.RayRanks`), rank r pinned to the group's r-th rank bundle, so a group's ranks can
+(:class:`~mas_train.hosting.sharded_ray.RayRanks`), rank r pinned to the group's r-th rank bundle, so a group's ranks can
 span GPUs and nodes; ``num_gpus`` is then the group's total, one GPU per rank and the rest for the worker's
 generation (:func:`placement_bundles`).
 
@@ -147,7 +147,7 @@ def _missing_resources(needed: dict[str, float], have: dict[str, float]) -> dict
 
 
 class _ModelGroupActor:
-    """The Ray actor body: a :class:`~mas_train.worker.ModelGroupWorker` plus generic call/get."""
+    """The Ray actor body: a :class:`~mas_train.hosting.worker.ModelGroupWorker` plus generic call/get."""
 
     def __init__(
         self, resolved: Any, group: str, cwd: str, num_threads: int, ranks: dict[str, Any] | None = None
@@ -159,11 +159,11 @@ class _ModelGroupActor:
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative run folders resolve as in the driver (same node or shared filesystem)
         torch.set_num_threads(num_threads)
-        from mas_train.worker import ModelGroupWorker
+        from mas_train.hosting.worker import ModelGroupWorker
 
         make_ranks = None
         if ranks is not None:  # a sharded group: its ranks are actors in their own bundles (RayRanks)
-            from mas_train.sharded_ray import RayRanks
+            from mas_train.hosting.sharded_ray import RayRanks
 
             make_ranks = functools.partial(RayRanks, **ranks)
         self.worker = ModelGroupWorker(resolved, group, make_ranks=make_ranks)
@@ -178,6 +178,7 @@ class _ModelGroupActor:
             "model_path": w.model_path,
             "agents": tuple(w.agents),
             "wants_messages": w.wants_messages,
+            "trains": w.trains,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
@@ -192,11 +193,10 @@ class _ModelGroupActor:
 
 
 class RayWorkerHandle:
-    """Driver-side stand-in for one group's :class:`~mas_train.worker.ModelGroupWorker` in a Ray actor.
+    """Driver-side stand-in for one group's :class:`~mas_train.hosting.worker.ModelGroupWorker` in a Ray actor.
 
-    Same methods as the worker (``generate``, ``generate_messages``, ``update``, ``sync_weights``, ``save``,
-    ``load``, ``close``; ``wants_messages`` and ``usage``), each
-    a blocking remote call bounded by ``call_timeout_s``. Paths given to ``save``/``load`` are made absolute in
+    A :class:`~mas_train.hosting.protocols.WorkerHandle` like the worker itself (the type checker holds both
+    to it): each method a blocking remote call bounded by ``call_timeout_s``. Paths given to ``save``/``load`` are made absolute in
     the driver first.
 
     Raises (from every call):
@@ -214,7 +214,10 @@ class RayWorkerHandle:
         self.agents = tuple(info["agents"])
         self.pid = int(info["pid"])
         self.node = info["node"]
-        self.wants_messages = bool(info.get("wants_messages", False))
+        self.wants_messages = bool(info["wants_messages"])
+        self.trains = bool(info["trains"])
+        # Each group's worker is an actor of its own with its own model: rows of two groups never share a call.
+        self.mixed_batch_key: int | None = None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._pool._get(self.actor.call.remote(method, *args, **kwargs), f"{self.group}.{method}")
@@ -228,6 +231,16 @@ class RayWorkerHandle:
 
     def generate_messages(self, messages, sampling):
         return self._call("generate_messages", messages, sampling)
+
+    def generate_mixed(self, prompt_ids, sampling, workers):
+        """Never possible across actors (:attr:`mixed_batch_key` is ``None``).
+
+        Raises:
+            ValueError: always; call :meth:`generate` per group.
+        """
+        raise ValueError(
+            f"model group {self.group!r} lives in its own Ray actor; generate each group's rows with generate()"
+        )
 
     @property
     def usage(self) -> dict[str, float]:
@@ -244,6 +257,9 @@ class RayWorkerHandle:
 
     def load(self, folder: str) -> None:
         self._call("load", str(Path(folder).resolve()))
+
+    def load_weights(self, folder: str) -> None:
+        self._call("load_weights", str(Path(folder).resolve()))
 
     def fingerprint(self) -> dict[str, Any]:
         """:func:`parameter_fingerprint` of this group's policy, computed in the actor (no weights travel)."""

@@ -51,8 +51,7 @@ def _write_group(folder: Path, state: dict, dest: Path) -> str:
     """Write the group's servable model into ``dest``; returns what was written (for the summary line)."""
     from transformers import AutoModelForCausalLM
 
-    from mas_train.models import load_tokenizer
-    from mas_train.worker import hf_progress_bars_off
+    from mas_train.models import hf_progress_bars_off, load_tokenizer
 
     if state.get("trainable", True) and (folder / "model").is_dir():
         shutil.copytree(folder / "model", dest)
@@ -116,7 +115,7 @@ def export_checkpoint(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``mas-export``: returns the exit code (2 with one error line for a user mistake)."""
-    from mas_train.cli import _run
+    from mas_train.command import run_command
 
     parser = argparse.ArgumentParser(
         prog="mas-export",
@@ -138,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except FileExistsError as err:
             raise ConfigError(str(err)) from None
 
-    return _run("mas-export", list(sys.argv[1:] if argv is None else argv), body)
+    return run_command("mas-export", list(sys.argv[1:] if argv is None else argv), body)
 
 
 if __name__ == "__main__":  # pragma: no cover

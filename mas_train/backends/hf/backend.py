@@ -35,9 +35,9 @@ keeps its own generator, temperature, truncation and stop strings, so a seeded r
 
 On CPU, sampling runs the model's large linear layers through oneDNN-packed copies of their weights, its
 Llama-style RMSNorms through ``F.rms_norm``, and the KV cache in preallocated buffers
-(:mod:`mas_train.backends.hf_kernels`: measured 1.6-2.3x faster decode GEMMs, the norms and the cache bit for bit
+(:mod:`mas_train.backends.hf.kernels`: measured 1.6-2.3x faster decode GEMMs, the norms and the cache bit for bit
 the same, the GEMMs up to float rounding), and each decode step of a Llama-family model (LoRA adapters included)
-as :mod:`mas_train.backends.hf_decode`'s fused step (~20 tensor ops per layer instead of ~45 through the
+as :mod:`mas_train.backends.hf.decode`'s fused step (~20 tensor ops per layer instead of ~45 through the
 modules; 0.99-1.18x the model forward's tok/s on SmolLM2 at batch 8 over 8 runs; logits equal up to float
 rounding).
 
@@ -47,7 +47,7 @@ truncation restricts which tokens can be drawn but is not folded into the report
 
 The backend stays one file: prefill sharing, finished-row dropping and per-row adapters all edit the same batch
 state (KV cache, mask, live rows, adapter names) of one decode loop, and splitting them would spread that
-state's invariants over modules (sampling itself lives in :mod:`mas_train.backends.sampling`).
+state's invariants over modules (sampling itself lives in :mod:`mas_train.backends.hf.sampling`).
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.hf_decode import FusedDecoder, supports_fused_decode
-from mas_train.backends.hf_kernels import PackedLinears, fused_rms_norms, onednn_available, preallocated_cache
-from mas_train.backends.sampling import sample_tokens
+from mas_train.backends.hf.decode import FusedDecoder, supports_fused_decode
+from mas_train.backends.hf.kernels import PackedLinears, fused_rms_norms, onednn_available, preallocated_cache
+from mas_train.backends.hf.sampling import sample_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -110,11 +110,11 @@ class HFBackend:
         eos_token_ids: ids that end generation; default: the tokenizer's EOS plus the model's
             ``generation_config.eos_token_id`` (e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``).
         packed_linears: run the large linear layers through oneDNN-packed copies of their weights while
-            sampling (:class:`~mas_train.backends.hf_kernels.PackedLinears`: 1.6-2.3x faster decode GEMMs on
+            sampling (:class:`~mas_train.backends.hf.kernels.PackedLinears`: 1.6-2.3x faster decode GEMMs on
             CPU, logits equal up to float rounding, one more copy of the weights). ``None`` (default): on when
             generating on CPU with a torch build that has oneDNN; ``False``: plain ``F.linear``.
         fused_decode: run each decode step of a Llama-family model (Llama, Qwen2, Qwen3, Mistral; LoRA
-            adapters included) as :class:`~mas_train.backends.hf_decode.FusedDecoder`'s ~20 tensor ops per layer
+            adapters included) as :class:`~mas_train.backends.hf.decode.FusedDecoder`'s ~20 tensor ops per layer
             instead of the model's forward (logits equal up to float rounding; prefill stays the model's own).
             ``None`` (default): on when generating on CPU in fp32 with a supported model; a batch the step
             cannot compute exactly (a DoRA adapter, a cache of other layer types) steps through the model's
@@ -123,7 +123,7 @@ class HFBackend:
     Raises:
         ValueError: ``max_batch_size < 1``; ``device``/``dtype`` given with ``share_model=True``; a tokenizer
             with neither pad nor EOS token; ``packed_linears=True`` off CPU or without oneDNN;
-            ``fused_decode=True`` off CPU or for a model :class:`~mas_train.backends.hf_decode.FusedDecoder`
+            ``fused_decode=True`` off CPU or for a model :class:`~mas_train.backends.hf.decode.FusedDecoder`
             does not support.
 
     Requests are sorted by prompt length (identical prompts next to each other, so they land in the same batch),

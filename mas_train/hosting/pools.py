@@ -1,22 +1,18 @@
 """Where model-group workers live.
 
-A pool starts one :class:`~mas_train.worker.ModelGroupWorker` per model group and hands out handles whose
-methods return plain data. :class:`LocalPool` (the default, ``pool: local``) keeps every worker in this
-process; a Ray pool (``pool: ray``) places each worker in an actor with the CPUs/GPUs its group asks for. The
-trainer only uses the interface below, so the pool can change without touching it:
-
-* ``start()``: create the workers (loads models; call once).
-* ``groups``: model group names, in config order.
-* ``worker(group)``: the handle (a :class:`~mas_train.worker.ModelGroupWorker` or a stand-in for one); ``handle.generate(...)``, ``handle.update(...)``, ``handle.sync_weights()``,
-  ``handle.save(folder)``, ``handle.load(folder)`` return results synchronously; ``handle.num_parameters`` and
-  ``handle.weight_version`` are plain ints (the trainer reads them, e.g. to turn per-agent grad norms on).
-* ``tokenizer(group)``: the group's tokenizer, in the driver process (the collector renders prompts with it).
-* ``shutdown()``: release every worker. Idempotent.
+A pool starts one :class:`~mas_train.hosting.worker.ModelGroupWorker` per model group and hands out
+:class:`~mas_train.hosting.protocols.WorkerHandle` objects whose methods return plain data. :class:`LocalPool`
+(the default, ``pool: local``) keeps every worker in this process; :class:`~mas_train.hosting.ray_pool.RayPool`
+(``pool: ray``) places each worker in an actor with the CPUs/GPUs its group asks for. Both follow
+:class:`~mas_train.hosting.protocols.WorkerPool`, the only interface the trainer uses.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from mas_train.hosting.protocols import WorkerPool
+from mas_train.hosting.worker import ModelGroupWorker
 
 __all__ = ["LocalPool", "make_pool"]
 
@@ -35,7 +31,7 @@ class LocalPool:
     def __init__(self, resolved: Any, *, train: bool | None = None) -> None:
         self.resolved = resolved
         self.train = train
-        self._workers: dict[str, Any] = {}
+        self._workers: dict[str, ModelGroupWorker] = {}
 
     @property
     def groups(self) -> list[str]:
@@ -43,17 +39,15 @@ class LocalPool:
 
     def start(self) -> LocalPool:
         """Load every group's model, trainer and backend. Returns ``self``."""
-        from mas_train.worker import ModelGroupWorker
-
         for g in self.groups:
             if g not in self._workers:
                 # model_sharing shared_lora: one PeftModel (the base group's) carries every group's adapter
-                base = getattr(self.resolved.model_groups[g], "base_group", None)
-                shared = self._workers[base].peft_model if base not in (None, g) else None
+                base = self.resolved.model_groups[g].base_group
+                shared = self._workers[base].policy.shared_base if base not in (None, g) else None
                 self._workers[g] = ModelGroupWorker(self.resolved, g, train=self.train, shared_model=shared)
         return self
 
-    def worker(self, group: str) -> Any:
+    def worker(self, group: str) -> ModelGroupWorker:
         """The worker of ``group``.
 
         Raises:
@@ -75,9 +69,9 @@ class LocalPool:
         self._workers.clear()
 
 
-def make_pool(resolved: Any) -> Any:
+def make_pool(resolved: Any) -> WorkerPool:
     """The pool ``resolved.config.pool`` names: ``local`` (:class:`LocalPool`) or ``ray``
-    (:class:`~mas_train.ray_pool.RayPool`; Ray itself is imported only when it starts).
+    (:class:`~mas_train.hosting.ray_pool.RayPool`; Ray itself is imported only when it starts).
 
     Raises:
         ValueError: an unknown pool.
@@ -86,7 +80,7 @@ def make_pool(resolved: Any) -> Any:
     if kind == "local":
         return LocalPool(resolved)
     if kind == "ray":
-        from mas_train.ray_pool import RayPool
+        from mas_train.hosting.ray_pool import RayPool
 
         return RayPool(resolved)
     raise ValueError(f"unknown pool {kind!r}; use 'local' or 'ray'")

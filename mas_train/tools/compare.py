@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mas_train.compare_report import (
+from mas_train.tools.compare_report import (
     EVAL_KEY,
     RunSummary,
     build_report,
@@ -45,7 +45,7 @@ from mas_train.compare_report import (
     spearman,
     summarize_run,
 )
-from mas_train.plots import load_run
+from mas_train.tools.plots import load_run
 
 __all__ = [
     "RunSummary",

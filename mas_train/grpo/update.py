@@ -25,105 +25,44 @@ What TRL would do and we do ourselves:
   ``.grad`` buffers, the norm of that agent's gradient alone is read, and it is added into a running sum that
   becomes the real gradient. The update is therefore exactly the one without the measurement.
 
-Where this module works around TRL (each checked against trl 1.16.0; re-check them when the pin moves):
-
-1. ``args.beta`` is set to 0 around ``GRPOTrainer.__init__``: with ``beta > 0`` TRL would load the reference
-   model again from the hub id in ``model.config``; we give it a deep copy of the policy instead.
-2. A one-row dummy ``train_dataset`` and a reward function that is never called: the constructor requires
-   both, though rewards come from the env and batches from the collector.
-3. :func:`grpo_args` sets ``num_generations=2`` and ``per_device_train_batch_size=2`` only to pass
-   ``GRPOConfig``'s batch-shape validation.
-4. ``_get_per_token_logps_and_entropies`` (a private TRL method) is overridden to fold the IS ratio into the
-   advantages from the training forward, and called directly for the old-policy / reference logprobs.
-5. ``current_gradient_accumulation_steps`` is set to the number of micro-batches, and ``num_items_in_batch``
-   to the step's completion tokens scaled by ``steps_per_generation / n_micro``, so TRL's loss normalisers
-   see one optimizer step per update whatever the micro-batching.
-6. TRL's per-step metric store ``_metrics["train"]`` is read and cleared after every update.
-7. Sharded groups (:mod:`mas_train.sharded`): each rank runs its ``shard_plan`` share of the one-rank micro-batch
-   plan with the one-rank normalisers, its loss times N (FSDP's reduce-scatter averages over ranks); no shared
-   prefixes or per-agent norms there (their extra forwards would differ between ranks).
-8. TRL patches the policy's forward with a fused LM head at the trainer's temperature. Under ``shared_lora``
-   several trainers share one base model, so each worker puts its own trainer's patch back before its update
-   (``mas_train.worker``), or every group would train at the last group's temperature.
-
-The update and these workarounds stay in one file: each workaround is read against the code it changes.
+Every touch of TRL's private API, and every workaround of its behaviour, is in
+:mod:`mas_train.grpo.trl_adapter` (:class:`~mas_train.grpo.trl_adapter.TRLGRPO`, the base class here), which lists
+them. Sharded groups (:mod:`mas_train.hosting.sharded`) pass a :class:`ShardPlan`: each rank runs its share of the
+one-rank micro-batch plan with the one-rank normalisers, its loss times N (FSDP's reduce-scatter averages over
+ranks); no shared prefixes or per-agent norms there (their extra forwards would differ between ranks).
 """
 
 from __future__ import annotations
 
-import copy
-import math
+import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from trl import GRPOTrainer
 
-from mas_train.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
+from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
+from mas_train.grpo.trl_adapter import TRLGRPO, grpo_args
+from mas_train.models import resolve_dtype
 from mas_train.rollout import Sample
 
-__all__ = ["GroupGRPOTrainer", "grpo_args"]
+__all__ = ["GroupGRPOTrainer", "ShardPlan", "build_group_trainer", "grpo_args"]
+
+logger = logging.getLogger(__name__)
 
 
-def _no_reward(prompts=None, completions=None, **kwargs):  # pragma: no cover - never called
-    # GRPOTrainer insists on a reward source even though our rewards come from the env (workaround 2).
-    return [0.0] * len(completions or [])
+@dataclass(frozen=True)
+class ShardPlan:
+    """A sharded group's rank: ``world`` ranks; ``share(plan)`` gives this rank's micro-batches of the one-rank
+    plan and their loss weights (:func:`~mas_train.hosting.sharded.rank_share`)."""
+
+    world: int
+    share: Callable[[list], tuple[list, list[float]]]
 
 
-def grpo_args(
-    output_dir: str,
-    *,
-    max_steps: int,
-    learning_rate: float = 1e-6,
-    seed: int = 0,
-    use_cpu: bool | None = None,
-    bf16: bool = False,
-    **grpo_kwargs: Any,
-):
-    """Build a ``trl.GRPOConfig`` with the settings pattern (A) needs.
-
-    Overrides TRL defaults that are wrong for us: ``bf16`` (TRL defaults to True even on CPU),
-    ``activation_checkpointing`` (default True; slow and pointless on tiny CPU models), ``report_to`` (we log
-    ourselves) and saving (we checkpoint ourselves). ``grpo_kwargs`` pass straight to ``GRPOConfig``
-    (``loss_type``, ``epsilon``, ``beta``, ``num_iterations``, ``temperature``, ``max_completion_length``,
-    ``weight_decay``, ``max_grad_norm``, ``lr_scheduler_type``, ``warmup_steps``,
-    ``vllm_importance_sampling_*``, ...).
-
-    Raises:
-        TypeError: for a keyword ``GRPOConfig`` does not know.
-    """
-    from trl import GRPOConfig
-
-    if use_cpu is None:
-        use_cpu = not torch.cuda.is_available()
-    kwargs = dict(
-        output_dir=output_dir,
-        max_steps=max_steps,
-        learning_rate=learning_rate,
-        seed=seed,
-        use_cpu=use_cpu,
-        bf16=bf16,
-        fp16=False,
-        activation_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_dropout=True,
-        # Only to satisfy GRPOConfig's batch-shape validation; batches here come from the collector.
-        num_generations=2,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=1,
-        dataloader_num_workers=0,
-    )
-    if "gradient_checkpointing" in grpo_kwargs:  # the deprecated alias; do not pass both names
-        kwargs.pop("activation_checkpointing")
-    kwargs.update(grpo_kwargs)
-    return GRPOConfig(**kwargs)
-
-
-class GroupGRPOTrainer(GRPOTrainer):
+class GroupGRPOTrainer(TRLGRPO):
     """A ``trl.GRPOTrainer`` that trains one model group on pre-built samples (pattern (A)).
 
     Args:
@@ -134,7 +73,7 @@ class GroupGRPOTrainer(GRPOTrainer):
             ``ceil(n / micro_batch_size)`` micro-batches (more if split by agent), one optimizer step.
         ref_model: frozen reference policy for the KL term; built as a copy of ``model`` when
             ``args.beta > 0`` and none is given (a ``peft.PeftModel``: its base with adapters disabled).
-        share_prefix: run the prompt prefix an agent's samples share once per update (:mod:`mas_train.prefix`;
+        share_prefix: run the prompt prefix an agent's samples share once per update (:mod:`mas_train.grpo.prefix`;
             same gradient, less compute) when ``num_iterations == 1`` and ``beta == 0``.
 
     After every :meth:`update` the TRL optimizer, scheduler and ``state.global_step`` have advanced by
@@ -142,52 +81,28 @@ class GroupGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(
-        self, model, tokenizer, args, *, micro_batch_size: int = 4, ref_model=None, share_prefix: bool = True
+        self,
+        model,
+        tokenizer,
+        args,
+        *,
+        micro_batch_size: int = 4,
+        ref_model=None,
+        share_prefix: bool = True,
+        shard: ShardPlan | None = None,
     ):
-        from datasets import Dataset
-
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        from accelerate.utils import is_peft_model
-
-        beta = float(args.beta)
-        # A LoRA policy's reference is its base with the adapter switched off (the adapter starts at B = 0, so
-        # that is the initial policy), as TRL does for PEFT: no second copy of the weights.
-        self._ref_is_base = beta != 0.0 and ref_model is None and is_peft_model(model)
-        if beta != 0.0 and ref_model is None and not self._ref_is_base:
-            ref_model = copy.deepcopy(model)  # before TRL patches the forward
-        # TRL would reload the reference from the hub id in model.config; build it from our copy instead.
-        args.beta = 0.0
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        super().__init__(
-            model=model,
-            reward_funcs=[_no_reward],
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": ["unused"]}),
-            processing_class=tokenizer,
-        )
-        args.beta = beta
-        self.beta = beta
-        if beta != 0.0 and not self._ref_is_base:
-            from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
-
-            ref_model.eval().requires_grad_(False)
-            ref_model.to(self.accelerator.device)
-            disable_dropout_in_model(ref_model)
-            add_fused_lm_head(ref_model, temperature=self.temperature)
-            self.ref_model = ref_model
+        super().__init__(model, tokenizer, args, ref_model=ref_model)
         self.micro_batch_size = micro_batch_size
         self.pad_token_id = tokenizer.pad_token_id
-        self.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
         self._is_ctx: dict | None = None
         self.share_prefix = share_prefix
         self._prefix: SharedPrefix | None = (
             None  # the shared prefix the current micro-batch's rows start with
         )
         self._is_stats: dict[str, list[float]] = defaultdict(list)
-        # set on the ranks of a sharded group (mas_train.sharded): the rank count, and plan -> (share, weights)
-        self.shard_world, self.shard_plan = 1, None
+        self.shard = shard
 
     # -- inputs ---------------------------------------------------------------------------------------
     def build_inputs(
@@ -196,7 +111,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         """Pad samples into TRL's loss inputs.
 
         With ``prefix_len`` L > 0 (the samples' prompts share their first L tokens), each prompt row is laid out
-        ``[prefix | left padding | rest of the prompt]`` for :func:`mas_train.prefix.prefix_logps`.
+        ``[prefix | left padding | rest of the prompt]`` for :func:`mas_train.grpo.prefix.prefix_logps`.
 
         Returns a dict of tensors on the trainer's device: ``prompt_ids``/``prompt_mask`` (B, P) left-padded,
         ``completion_ids``/``completion_mask`` (B, T) right-padded (masks from lengths, never from
@@ -296,38 +211,22 @@ class GroupGRPOTrainer(GRPOTrainer):
                 adv = adv.unsqueeze(1)
             inputs["advantages"] = adv * ratio
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
+    def training_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, trl_forward):
         if self._prefix is not None and model is self.model:
             logps, ent = prefix_logps(
-                model,
-                self._prefix,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                kw.get("compute_entropy", False),
+                model, self._prefix, input_ids, attention_mask, logits_to_keep, compute_entropy
             )
-            aux = None
         else:
-            logps, ent, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *a, **kw
+            logps, ent = trl_forward(
+                model, input_ids, attention_mask, logits_to_keep, compute_entropy=compute_entropy
             )
         # With num_iterations == 1 the old policy equals the current weights, so the IS ratio comes from this
-        # very forward (detached) and is folded into the advantages before _compute_loss reads them.
+        # very forward (detached) and is folded into the advantages before TRL's loss reads them.
         ctx = self._is_ctx
         if ctx is not None and model is self.model:
             self._is_ctx = None
             self._apply_is(ctx, logps)
-        return logps, ent, aux
-
-    @torch.no_grad()
-    def _frozen_logps(self, model, inputs: dict) -> torch.Tensor:
-        """Per-token completion logprobs ``(B, T)`` of ``model`` (the policy or the KL reference), no grad."""
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logps, _, _ = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attn, inputs["completion_ids"].size(1)
-        )
-        return logps
+        return logps, ent
 
     # -- update ---------------------------------------------------------------------------------------
     def _micro_batches(self, samples, advantages, by_agent: bool) -> list[tuple[str | None, list[int]]]:
@@ -392,33 +291,34 @@ class GroupGRPOTrainer(GRPOTrainer):
         mbs = self._micro_batches(samples, advantages, by_agent=agent_grad_norms or bool(shared))
         n_micro = len(mbs)
         weights = [1.0] * n_micro
-        if self.shard_world > 1:  # workaround 7: this rank's share of the one-rank plan
+        world = self.shard.world if self.shard is not None else 1
+        if self.shard is not None:  # this rank's share of the one-rank plan
             shared, agent_grad_norms = {}, False
-            mbs, weights = self.shard_plan(mbs)
+            mbs, weights = self.shard.share(mbs)
         prefixes = self._shared_prefixes(samples, shared)
         # Build inputs once per micro-batch; old/ref logps are those of the policy before this update.
         prepared = []
         for agent, idx in mbs:
             lead = prefixes[agent].length if agent in prefixes else 0
             inp = self.build_inputs([samples[i] for i in idx], [advantages[i] for i in idx], prefix_len=lead)
-            # DAPO-style losses divide by num_items_in_batch * GA / steps_per_generation (workaround 5); make
+            # DAPO-style losses divide by num_items_in_batch * GA / steps_per_generation (TRL adapter, 5); make
             # that the step's total completion tokens whatever the micro-batching.
             inp["num_items_in_batch"] = torch.tensor(
                 total_tokens * self.args.steps_per_generation / n_micro, dtype=torch.float32
             )
             if need_old:
-                inp["old_per_token_logps"] = self._frozen_logps(self.model, inp)
-            if self.beta != 0.0 and self._ref_is_base:
+                inp["old_per_token_logps"] = self.trl_logps(self.model, inp)
+            if self.beta != 0.0 and self.ref_is_base:
                 with self.accelerator.unwrap_model(self.model).disable_adapter():
-                    inp["ref_per_token_logps"] = self._frozen_logps(self.model, inp)
+                    inp["ref_per_token_logps"] = self.trl_logps(self.model, inp)
             elif self.beta != 0.0:
-                inp["ref_per_token_logps"] = self._frozen_logps(self.ref_model, inp)
+                inp["ref_per_token_logps"] = self.trl_logps(self.ref_model, inp)
             prepared.append((agent, inp))
         if use_is and need_old:
             for _, inp in prepared:
                 self._apply_is(inp, inp["old_per_token_logps"])
 
-        self.current_gradient_accumulation_steps = n_micro
+        self.set_accumulation(n_micro)
         params = [p for p in model.parameters() if p.requires_grad]
         losses: list[float] = []
         # An agent whose samples were all left out (advantage 0) has a gradient of exactly 0.
@@ -439,13 +339,12 @@ class GroupGRPOTrainer(GRPOTrainer):
                 if use_is and not need_old:
                     self._is_ctx = inp
                 try:
-                    with self.compute_loss_context_manager():
-                        loss = self.compute_loss(model, inp)
+                    loss = self.grpo_loss(model, inp)
                 finally:
                     self._is_ctx = None
-                if self.shard_world > 1:  # FSDP averages the ranks' gradients; one rank sums micro-batches
-                    loss = loss * (self.shard_world * weight)
-                losses.append(loss.detach().item() / self.shard_world)
+                if world > 1:  # FSDP averages the ranks' gradients; one rank sums micro-batches
+                    loss = loss * (world * weight)
+                losses.append(loss.detach().item() / world)
                 self.accelerator.backward(loss)
             self._prefix = None
             if current in prefixes:
@@ -479,11 +378,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         }
         for a, v in agent_norms.items():
             out[f"grad_norm/{a}"] = v
-        for key, vals in self._metrics["train"].items():
-            vals = [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
-            if vals:
-                out[key] = float(np.mean(vals))
-        self._metrics["train"].clear()
+        out.update(self.pop_trl_metrics())
         for key, vals in self._is_stats.items():
             out[key] = float(np.mean(vals))
         self._is_stats.clear()
@@ -505,7 +400,7 @@ class GroupGRPOTrainer(GRPOTrainer):
         return (
             self.loss_type in ("dapo", "cispo", "vespo")
             and self.beta == 0.0
-            and not getattr(self, "_entropy_bonus_enabled", False)
+            and not self.entropy_bonus_enabled
         )
 
     @staticmethod
@@ -532,3 +427,39 @@ class GroupGRPOTrainer(GRPOTrainer):
         for p in params:
             p.grad = None
         return acc
+
+
+def build_group_trainer(
+    resolved, group: str, model, tok, device: str, *, shard: ShardPlan | None = None
+) -> GroupGRPOTrainer:
+    """The :class:`~mas_train.grpo.update.GroupGRPOTrainer` of model group ``group`` on ``model`` (trained in place):
+    the group's GRPO settings, the sampling temperature of its agents, ``max_completion_length`` from their
+    ``max_new_tokens``. Used by the group's worker and by each rank of a sharded group."""
+    cfg = resolved.config
+    g = resolved.model_groups[group]
+    agents = tuple(g.agents)
+    samplings = [resolved.agents[a].sampling for a in agents]
+    temps = {s.temperature for s in samplings}
+    if len(temps) > 1:
+        logger.warning(
+            "agents %s of model group %r sample at different temperatures %s; the trainer scores completions "
+            "at %s and the importance-sampling ratio absorbs the rest",
+            agents,
+            group,
+            sorted(temps),
+            samplings[0].temperature,
+        )
+    # log_softmax(logits / T) is the sampled distribution; greedy (T=0) reports temperature-1 logprobs.
+    temperature = samplings[0].temperature or 1.0
+    kwargs = g.grpo_config_kwargs()
+    kwargs.setdefault("max_completion_length", max(s.max_new_tokens for s in samplings))
+    args = grpo_args(
+        str(resolved.run_dir / "trl" / group),
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        use_cpu=not device.startswith("cuda"),
+        bf16=resolve_dtype(g.dtype, device) == "bfloat16",
+        temperature=temperature,
+        **kwargs,
+    )
+    return GroupGRPOTrainer(model, tok, args, micro_batch_size=g.micro_batch_size, shard=shard)

@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 # unit's first layer -> (the unit's layer ids, their weights' stamps, packed weight, bias): see PackedLinears.refresh
-_PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
+PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 #: ``nn.Linear`` layers with fewer weights than this are not packed (LoRA's r x d factors: packing does not pay).
 MIN_PACKED_NUMEL = 65536
@@ -159,13 +159,13 @@ class PackedLinears:
                 stamp = tuple(_stamp(t) for m in unit for t in (m.weight, m.bias) if t is not None)
                 for m in unit:
                     stamp += peft.get(id(m), ())
-                held = _PACKS.get(unit[0])
+                held = PACKS.get(unit[0])
                 if held is None or held[0] != ids or held[1] != stamp or None in stamp:
                     w = unit[0].weight.detach() if len(unit) == 1 else torch.cat([m.weight for m in unit])
                     bias = None
                     if unit[0].bias is not None:
                         bias = unit[0].bias.detach() if len(unit) == 1 else torch.cat([m.bias for m in unit])
-                    _PACKS[unit[0]] = (ids, stamp, torch.ops.mkldnn._reorder_linear_weight(w, None), bias)
+                    PACKS[unit[0]] = (ids, stamp, torch.ops.mkldnn._reorder_linear_weight(w, None), bias)
                     del w
                     n += 1
         return n
@@ -188,9 +188,9 @@ class PackedLinears:
         self.refresh(units)
         slots: list[dict[str, Any]] = []
         for unit in units:
-            _, _, packed, bias = _PACKS[unit[0]]
+            _, _, packed, bias = PACKS[unit[0]]
             if len(unit) == 1:
-                unit[0].forward = functools.partial(_packed_linear, packed=packed, bias=bias)
+                unit[0].forward = functools.partial(packed_linear, packed=packed, bias=bias)
                 continue
             slot: dict[str, Any] = {}
             slots.append(slot)
@@ -200,7 +200,7 @@ class PackedLinears:
             for i, m in enumerate(unit):
                 # an instance attribute shadows the class's forward
                 m.forward = functools.partial(
-                    _fused_slice, slot=slot, packed=packed, bias=bias, lo=bounds[i], hi=bounds[i + 1]
+                    fused_slice, slot=slot, packed=packed, bias=bias, lo=bounds[i], hi=bounds[i + 1]
                 )
         try:
             yield
@@ -256,11 +256,11 @@ def _fusable(ms: list[torch.nn.Linear]) -> bool:
     )
 
 
-def _packed_linear(x: torch.Tensor, *, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, *, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _fused_slice(
+def fused_slice(
     x: torch.Tensor,
     *,
     slot: dict[str, Any],
@@ -299,7 +299,7 @@ def fused_rms_norms(model: torch.nn.Module) -> Iterator[None]:
     ]
     for m in norms:
         m.forward = functools.partial(
-            _rms_norm, weight=m.weight, eps=m.variance_epsilon, original=type(m).forward.__get__(m)
+            rms_norm, weight=m.weight, eps=m.variance_epsilon, original=type(m).forward.__get__(m)
         )
     try:
         yield
@@ -308,7 +308,7 @@ def fused_rms_norms(model: torch.nn.Module) -> Iterator[None]:
             m.__dict__.pop("forward", None)
 
 
-def _rms_norm(x: torch.Tensor, *, weight: torch.Tensor, eps: float, original: Any) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, *, weight: torch.Tensor, eps: float, original: Any) -> torch.Tensor:
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
         return original(x)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)

@@ -39,13 +39,13 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from mas_train.backends.hf_kernels import (
-    _PACKS,
+from mas_train.backends.hf.kernels import (
+    PACKS,
     RMS_NORMS,
     PreallocatedLayer,
-    _fused_slice,
-    _packed_linear,
-    _rms_norm,
+    fused_slice,
+    packed_linear,
+    rms_norm,
 )
 
 __all__ = ["ARCHITECTURES", "FusedDecoder", "supports_fused_decode"]
@@ -102,7 +102,7 @@ def _ours(f: Any) -> bool:
     """Whether an instance ``forward`` computes what the class's does: one :mod:`.hf_kernels` installed, or
     TRL's fused-LM-head patch of the causal LM's forward (``GRPOTrainer`` installs it on the trained model; it
     calls the original forward unless ``fused_lm_head=True``, which sampling never passes)."""
-    if isinstance(f, functools.partial) and f.func in (_packed_linear, _fused_slice, _rms_norm):
+    if isinstance(f, functools.partial) and f.func in (packed_linear, fused_slice, rms_norm):
         return True
     code = getattr(getattr(f, "__func__", f), "__code__", None)
     return (
@@ -149,7 +149,7 @@ class _Linear:
 
     def __init__(self, mods: list[torch.nn.Module], packed: bool) -> None:
         bases = [getattr(m, "base_layer", m) for m in mods]
-        held = _PACKS.get(bases[0]) if packed else None  # another backend's packs may be stale
+        held = PACKS.get(bases[0]) if packed else None  # another backend's packs may be stale
         if held is not None and held[0] == tuple(id(b) for b in bases):
             self.packed, self.bias = held[2], held[3]
         else:

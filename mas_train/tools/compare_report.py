@@ -1,6 +1,6 @@
 """The ``mas-compare`` report: per-mode numbers over seeds, ``summary.md``, ``summary.json`` and the PNGs.
 
-What the numbers are is listed in :mod:`mas_train.compare` (the command); this module computes them from run
+What the numbers are is listed in :mod:`mas_train.tools.compare` (the command); this module computes them from run
 folders (``config.yaml`` + ``metrics.jsonl``) and needs no model or training code.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mas_train.plots import RunMetrics, load_run
+from mas_train.tools.plots import RunMetrics, load_run
 
 __all__ = [
     "SPIKE_FACTOR",
@@ -283,12 +283,12 @@ def _band_figure(
     path: Path,
     hline: float | None = None,
 ) -> Path | None:
-    from mas_train.plots import _plt, style_axes
+    from mas_train.tools.plots import pyplot, style_axes
 
     has = [p for p in panels if any(metrics[r.run_dir].get(p[1])[0] for rs in by_mode.values() for r in rs)]
     if not has:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(
         1, len(has), figsize=(max(7.0, 5.2 * len(has)), 4.2), squeeze=False, constrained_layout=True
     )

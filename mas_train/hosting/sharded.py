@@ -1,14 +1,14 @@
 """Sharded model groups: one group's GRPO update on N processes, its parameters, gradients and optimizer state
 sharded by PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
-A group with ``num_ranks: N > 1`` keeps its worker (:class:`~mas_train.worker.ModelGroupWorker`: tokenizer,
+A group with ``num_ranks: N > 1`` keeps its worker (:class:`~mas_train.hosting.worker.ModelGroupWorker`: tokenizer,
 generation backend, checkpoint folder) where the pool puts it, and :class:`ShardedRanks` starts N rank processes
 (``torch.multiprocessing`` spawn) that each load the group's model, wrap every decoder layer and then the whole
 model with ``fully_shard`` over one process group (gloo on CPU, NCCL on GPUs), and build the group's
-:class:`~mas_train.update.GroupGRPOTrainer` on the sharded model, so TRL's optimizer holds only each rank's shard
+:class:`~mas_train.grpo.update.GroupGRPOTrainer` on the sharded model, so TRL's optimizer holds only each rank's shard
 of the AdamW moments. Under ``pool: local`` the ranks are children of the worker's process (the driver);
-under ``pool: ray`` :class:`~mas_train.sharded_ray.RayRanks` starts them as N Ray actors, rank r pinned to the group's r-th rank bundle
-of the run's placement group (:func:`~mas_train.ray_pool.bundle_layout`: one bundle per rank, one GPU each on
+under ``pool: ray`` :class:`~mas_train.hosting.sharded_ray.RayRanks` starts them as N Ray actors, rank r pinned to the group's r-th rank bundle
+of the run's placement group (:func:`~mas_train.hosting.ray_pool.bundle_layout`: one bundle per rank, one GPU each on
 a GPU run), so a group's ranks can span GPUs and nodes; they meet at ``tcp://<rank 0's node IP>:<free port>``.
 
 Per step the worker sends every rank all of the group's samples; each rank runs its share of the one-rank
@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from mas_train.backends.server import free_port
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -140,7 +142,7 @@ def _optimizer_state_by_name(state: dict, order: list[str]) -> dict:
     }
 
 
-class _Rank:
+class Rank:
     """One rank of a sharded group, inside its own process: the process group, the sharded model, the trainer."""
 
     def __init__(
@@ -157,11 +159,16 @@ class _Rank:
         from torch.distributed.device_mesh import init_device_mesh
         from transformers.utils import logging as hf_logging
 
-        from mas_train.group_trainer import _device, _torch_dtype, build_group_trainer
-        from mas_train.models import load_model_and_tokenizer, resolve_model_path
+        from mas_train.grpo.update import ShardPlan, build_group_trainer
+        from mas_train.models import (
+            load_model_and_tokenizer,
+            resolve_device,
+            resolve_dtype,
+            resolve_model_path,
+        )
 
         g = resolved.model_groups[group]
-        device = _device(resolved.config.device)
+        device = resolve_device(resolved.config.device)
         if device.startswith("cuda"):
             if gpu is None:  # a local process: the group's rank_gpu_ids (Ray gives an actor its one GPU as 0)
                 gpu = g.rank_gpu_ids[rank] if g.rank_gpu_ids else rank
@@ -178,7 +185,7 @@ class _Rank:
         mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world,))
         hf_logging.disable_progress_bar()  # N ranks' "Loading weights" bars would interleave with the run's
         model, tok = load_model_and_tokenizer(
-            resolve_model_path(g.model), dtype=_torch_dtype(g.dtype, device), device=device
+            resolve_model_path(g.model), dtype=resolve_dtype(g.dtype, device), device=device
         )
         shard_model(model, mesh)  # before the trainer, so its optimizer holds the shards
         # transformers warns that a process group exists without a DDP launch: intended, FSDP owns the group and
@@ -187,9 +194,8 @@ class _Rank:
             lambda record: "parallel_mode != ParallelMode.DISTRIBUTED" not in record.getMessage()
         )
         self.model = model
-        self.trainer = build_group_trainer(resolved, group, model, tok, device)
-        self.trainer.shard_world = world
-        self.trainer.shard_plan = functools.partial(rank_share, rank=rank, world=world)
+        plan = ShardPlan(world=world, share=functools.partial(rank_share, rank=rank, world=world))
+        self.trainer = build_group_trainer(resolved, group, model, tok, device, shard=plan)
 
     def update(self, samples, advantages) -> dict[str, float]:
         import torch.distributed as dist
@@ -280,11 +286,11 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(3)
 
 
-def _rank_main(resolved, group, rank, world, init_method, timeout_s, conn, parent) -> None:
+def rank_main(resolved, group, rank, world, init_method, timeout_s, conn, parent) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     r = None
     try:
-        r = _Rank(resolved, group, rank, world, init_method, timeout_s)
+        r = Rank(resolved, group, rank, world, init_method, timeout_s)
         conn.send(("ok", None))
         while True:
             cmd, args = conn.recv()
@@ -305,12 +311,6 @@ def _rank_main(resolved, group, rank, world, init_method, timeout_s, conn, paren
                 r.close()
             except Exception:  # noqa: BLE001 - a dead peer can make the teardown itself fail
                 pass
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class ShardedRanks:
@@ -345,7 +345,7 @@ class ShardedRanks:
 
     def info(self) -> list[dict[str, Any]]:
         """Per rank, rank 0 first: ``rank``, ``pid``, ``node`` (host name); ``actor_id`` and ``bundle`` are
-        ``None`` (local processes; see :meth:`~mas_train.sharded_ray.RayRanks.info`)."""
+        ``None`` (local processes; see :meth:`~mas_train.hosting.sharded_ray.RayRanks.info`)."""
         node = socket.gethostname()
         return [
             {"rank": r, "pid": p.pid, "node": node, "actor_id": None, "bundle": None}
@@ -357,11 +357,11 @@ class ShardedRanks:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        init = f"tcp://127.0.0.1:{free_port()}"
         for rank in range(self.num_ranks):
             mine, theirs = ctx.Pipe()
             p = ctx.Process(
-                target=_rank_main,
+                target=rank_main,
                 args=(
                     self.resolved,
                     self.group,

@@ -1,9 +1,9 @@
 """``pool: ray`` ranks of a sharded model group: :class:`RayRanks` runs the N ranks of
-:mod:`mas_train.sharded` as N Ray actors, rank r pinned to the group's r-th rank bundle of the run's placement
-group (:func:`~mas_train.ray_pool.bundle_layout`), with the interface of
-:class:`~mas_train.sharded.ShardedRanks` (the local processes of ``pool: local``). Each actor's body is the same
-:class:`~mas_train.sharded._Rank`; the ranks meet at ``tcp://<rank 0's node IP>:<a port free there>``. A rank
-actor that is gone (``ActorDiedError``) or raised fails the call with :class:`~mas_train.sharded.RankFailure`
+:mod:`mas_train.hosting.sharded` as N Ray actors, rank r pinned to the group's r-th rank bundle of the run's placement
+group (:func:`~mas_train.hosting.ray_pool.bundle_layout`), with the interface of
+:class:`~mas_train.hosting.sharded.ShardedRanks` (the local processes of ``pool: local``). Each actor's body is the same
+:class:`~mas_train.hosting.sharded.Rank`; the ranks meet at ``tcp://<rank 0's node IP>:<a port free there>``. A rank
+actor that is gone (``ActorDiedError``) or raised fails the call with :class:`~mas_train.hosting.sharded.RankFailure`
 naming the group and the rank, and every rank actor is then killed (``ray.kill``).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mas_train.sharded import DEFAULT_TIMEOUT_S, RankFailure, _free_port, _Rank
+from mas_train.hosting.sharded import DEFAULT_TIMEOUT_S, Rank, RankFailure, free_port
 
 __all__ = ["RayRanks"]
 
@@ -43,14 +43,14 @@ def _bundle_index() -> int | None:
 
 
 class _RankActor:
-    """The Ray actor body of one rank: a :class:`_Rank`, built by :meth:`setup` once rank 0's address is known
-    (:meth:`address` on rank 0's actor), then driven by :meth:`call` with :class:`_Rank`'s method names."""
+    """The Ray actor body of one rank: a :class:`Rank`, built by :meth:`setup` once rank 0's address is known
+    (:meth:`address` on rank 0's actor), then driven by :meth:`call` with :class:`Rank`'s method names."""
 
     def __init__(self, cwd: str, num_threads: int) -> None:
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative paths resolve as in the worker (same node or shared filesystem)
         torch.set_num_threads(num_threads)
-        self.rank: _Rank | None = None
+        self.rank: Rank | None = None
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -70,10 +70,10 @@ class _RankActor:
 
         ip = ray.util.get_node_ip_address()
         host = f"[{ip}]" if ":" in ip else ip
-        return f"tcp://{host}:{_free_port(ip)}"
+        return f"tcp://{host}:{free_port(ip)}"
 
     def setup(self, resolved, group: str, rank: int, world: int, init_method: str, timeout_s: float, gpu):
-        self.rank = _Rank(resolved, group, rank, world, init_method, timeout_s, gpu=gpu)
+        self.rank = Rank(resolved, group, rank, world, init_method, timeout_s, gpu=gpu)
 
     def call(self, cmd: str, *args):
         return getattr(self.rank, cmd)(*args)
@@ -87,7 +87,7 @@ class RayRanks:
     """The N ranks of one sharded model group as N Ray actors (``pool: ray``), rank r pinned to bundle
     ``bundle_indices[r]`` of the run's placement group, so a group's ranks can span GPUs and nodes. The same
     interface as :class:`ShardedRanks` (``start``, ``call``, ``update``, ``sizes``, ``full_state_dict``,
-    ``save``, ``load``, ``close``, ``pids``, ``num_ranks``); each actor runs a :class:`_Rank`.
+    ``save``, ``load``, ``close``, ``pids``, ``num_ranks``); each actor runs a :class:`Rank`.
 
     The process group (NCCL when the ranks have GPUs, gloo on CPU) meets at ``tcp://<rank 0's node IP>:<a port
     free there>``, both asked of rank 0's actor before any rank joins.
@@ -95,9 +95,9 @@ class RayRanks:
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig` (sent to each rank; must pickle).
         group: the model group; ``resolved.model_groups[group].num_ranks`` rank actors are started.
-        placement_group: the run's Ray placement group (:class:`~mas_train.ray_pool.RayPool`'s).
+        placement_group: the run's Ray placement group (:class:`~mas_train.hosting.ray_pool.RayPool`'s).
         bundle_indices: the group's rank bundles in it, rank 0 first (one per rank,
-            :func:`~mas_train.ray_pool.bundle_layout`).
+            :func:`~mas_train.hosting.ray_pool.bundle_layout`).
         resources: each rank actor's reservation, ``{"CPU": cpus, "GPU": gpus}`` (a rank bundle's); with a GPU
             the rank trains on it (Ray makes it the actor's ``cuda:0``).
         env_vars: the rank actors' environment variables (the pool passes the worker's: offline hub, cache,
@@ -271,7 +271,7 @@ class RayRanks:
         return None
 
     def call(self, cmd: str, *args) -> list[Any]:
-        """Run ``cmd`` on every rank (a method of :class:`_Rank`: ``update``, ``state_dict``, ``save``,
+        """Run ``cmd`` on every rank (a method of :class:`Rank`: ``update``, ``state_dict``, ``save``,
         ``load``, ``sizes``) and return each rank's result, rank 0 first.
 
         Raises:

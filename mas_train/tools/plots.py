@@ -109,7 +109,7 @@ def trailing_mean(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -154,7 +154,7 @@ def _panels_figure(
     panels = [p for p in panels if any(r.get(p[1])[0] for r in runs)]
     if not panels:
         return None
-    plt = _plt()
+    plt = pyplot()
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(

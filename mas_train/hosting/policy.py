@@ -1,0 +1,488 @@
+"""How a model group is hosted: one :class:`GroupPolicy` class per hosting mode.
+
+A policy owns a group's weights, its optimizer state and its checkpoint files; the worker
+(:class:`~mas_train.hosting.worker.ModelGroupWorker`) composes one policy with one generation backend and
+switches on nothing. :func:`make_policy` picks the class once, from the group's settings:
+
+============================  ==========================================================================
+class                         hosting mode
+============================  ==========================================================================
+:class:`RemotePolicy`         an endpoint generates (``openai``, a served engine): a tokenizer, no weights
+:class:`FrozenPolicy`         a local model that is never trained here (``trainable: false``, ``mas-eval``)
+:class:`FullPolicy`           all weights trained by the group's own GRPO update and AdamW
+:class:`LoraPolicy`           a PEFT LoRA adapter on a base model that other groups' adapters may share
+:class:`ShardedPolicy`        the update on ``num_ranks`` FSDP2 ranks; this process keeps a full copy
+============================  ==========================================================================
+
+Every class passes the same contract suite (:mod:`mas_train.hosting.testing`). Checkpoint layout of a group
+folder (the worker writes ``state.json``; the policy the rest): ``model/`` (Hugging Face format) or
+``adapter/`` (PEFT format), ``optimizer.pt``, ``scheduler.pt``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from mas_train import lora
+from mas_train.backends import backend_kind
+from mas_train.grpo.trl_adapter import fused_forward, restore_fused_forward
+from mas_train.grpo.update import GroupGRPOTrainer, build_group_trainer
+from mas_train.hosting.sharded import ShardedRanks
+from mas_train.models import (
+    hf_progress_bars_off,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
+from mas_train.rollout import Sample
+
+__all__ = [
+    "FrozenPolicy",
+    "FullPolicy",
+    "GroupPolicy",
+    "LoraPolicy",
+    "RemotePolicy",
+    "ShardedPolicy",
+    "make_policy",
+]
+
+Tensors = dict[str, torch.Tensor]
+
+
+@runtime_checkable
+class GroupPolicy(Protocol):
+    """One model group's trainable state, whatever hosts it.
+
+    Attributes:
+        group: the model group's name.
+        model_path: the local folder or hub id the weights came from.
+        tokenizer: the group's tokenizer (left padding, pad token set).
+        trains: whether :meth:`update` may be called.
+        num_parameters: trainable parameters (0 for a policy that does not train; the adapter's for LoRA).
+        generation_model: the module a local backend samples with; ``None`` for a remote endpoint.
+        adapter: the LoRA adapter's name, or ``None``.
+        shared_base: the ``peft.PeftModel`` this policy's adapter lives on (other groups' adapters may share
+            it: one mixed-adapter batch serves them all), or ``None``.
+    """
+
+    group: str
+    model_path: str
+    tokenizer: Any
+    trains: bool
+    num_parameters: int
+    generation_model: Any
+    adapter: str | None
+    shared_base: Any
+
+    def activate(self, *, training: bool) -> None:
+        """Put this group's weights in place on a model other groups share (before generating or training)."""
+        ...
+
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
+        """One GRPO update on the group's samples; see :meth:`GroupGRPOTrainer.update`.
+
+        Raises:
+            RuntimeError: the policy does not train.
+        """
+        ...
+
+    def parameters_for_sync(self) -> Tensors | None:
+        """The tensors a weight sync pushes to the backend (state-dict or PEFT names); ``None``: nothing."""
+        ...
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """Write the policy's files under ``folder``; returns extra ``state.json`` entries."""
+        ...
+
+    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+        """Load what :meth:`save` wrote (``state``: the folder's ``state.json``), with the optimizer state when
+        ``optimizer``; returns the tensors to push to the backend, ``None`` when nothing was loaded.
+
+        Raises:
+            FileNotFoundError: a file is missing. RuntimeError: the weights do not fit this group's model.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the policy started (a sharded group's ranks)."""
+        ...
+
+
+def _require(folder: Path, group: str, *names: str) -> None:
+    for name in names:
+        if not (folder / name).exists():
+            raise FileNotFoundError(f"checkpoint of group {group!r} lacks {folder / name}")
+
+
+def _check_kind(state: Mapping[str, Any], group: str, *, lora_policy: bool) -> None:
+    if bool(state.get("lora", False)) != lora_policy:
+        saved, mine = ("a LoRA adapter", "full") if state.get("lora") else ("full weights", "LoRA")
+        raise RuntimeError(
+            f"checkpoint of group {group!r} holds {saved} but the group is configured for {mine} "
+            "training; use the run's model_sharing / lora settings"
+        )
+
+
+def _load_full(module: torch.nn.Module, folder: Path, group: str, model_path: str) -> None:
+    """Load ``folder/model`` (a Hugging Face folder) into ``module`` in place.
+
+    Raises:
+        FileNotFoundError: no ``model/``. RuntimeError: the weights do not fit (another model).
+    """
+    from transformers import AutoModelForCausalLM
+
+    _require(folder, group, "model")
+    with hf_progress_bars_off():
+        saved = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=next(module.parameters()).dtype)
+    try:
+        missing, unexpected = module.load_state_dict(saved.state_dict(), strict=False)
+    except RuntimeError as err:  # shape mismatch: another model's weights
+        raise RuntimeError(
+            f"checkpoint of group {group!r} does not fit its model {model_path!r}: {str(err).splitlines()[0]}"
+        ) from None
+    # Tied weights (lm_head = embed_tokens) are not stored twice; anything else missing is an error.
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"checkpoint of group {group!r} does not fit: missing {missing}, extra {unexpected}"
+        )
+
+
+def _trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> dict[str, Any]:
+    torch.save(trainer.optimizer.state_dict(), folder / "optimizer.pt")
+    torch.save(trainer.lr_scheduler.state_dict(), folder / "scheduler.pt")
+    return {"global_step": trainer.state.global_step}
+
+
+def _load_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: Mapping[str, Any]) -> None:
+    trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+    trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+    trainer.state.global_step = int(state["global_step"])
+
+
+def _trainable_count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+class RemotePolicy:
+    """An endpoint generates (``backend_kind(...).can_train`` is false): the group keeps only its tokenizer
+    (prompt ids and lengths); no weights, nothing to update, save or load."""
+
+    trains = False
+    num_parameters = 0
+    generation_model = None
+    adapter = None
+    shared_base = None
+
+    def __init__(self, group: str, model_path: str, tokenizer: Any) -> None:
+        self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
+
+    def activate(self, *, training: bool) -> None:
+        pass
+
+    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+        raise RuntimeError(f"model group {self.group!r} is served by an endpoint; it has no update")
+
+    def parameters_for_sync(self) -> Tensors | None:
+        return None
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        return {}
+
+    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class FrozenPolicy:
+    """A local model that is never trained in this process: a ``trainable: false`` group (it acts and is logged;
+    its weights are its ``model`` setting's, so it saves nothing), or any group under ``mas-eval``, which loads a
+    checkpoint's full weights when the checkpoint holds them."""
+
+    trains = False
+    num_parameters = 0
+    adapter = None
+    shared_base = None
+
+    def __init__(self, group: str, model_path: str, model: torch.nn.Module, tokenizer: Any) -> None:
+        model.eval().requires_grad_(False)
+        self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
+        self.generation_model = model
+
+    def activate(self, *, training: bool) -> None:
+        pass
+
+    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+        raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
+
+    def parameters_for_sync(self) -> Tensors | None:
+        return None
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        return {}
+
+    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+        if not state.get("trainable", True):
+            return None  # saved frozen: the weights are the model setting's
+        _check_kind(state, self.group, lora_policy=False)
+        _load_full(self.generation_model, folder, self.group, self.model_path)
+        return self.generation_model.state_dict()
+
+    def close(self) -> None:
+        pass
+
+
+class FullPolicy:
+    """All weights trained: the group's :class:`~mas_train.grpo.update.GroupGRPOTrainer` (TRL's AdamW and
+    scheduler) on its own copy of the model; checkpoints hold ``model/``, ``optimizer.pt``, ``scheduler.pt``."""
+
+    trains = True
+    adapter = None
+    shared_base = None
+
+    def __init__(self, group: str, model_path: str, trainer: GroupGRPOTrainer, tokenizer: Any) -> None:
+        self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
+        self.trainer = trainer
+        self.generation_model = trainer.model
+        self.num_parameters = _trainable_count(trainer.model)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The policy without accelerate's wrappers (what is saved and synced)."""
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def activate(self, *, training: bool) -> None:
+        pass
+
+    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+        return self.trainer.update(samples, advantages, agent_grad_norms=agent_grad_norms)
+
+    def parameters_for_sync(self) -> Tensors | None:
+        return self.module.state_dict()
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        out = folder / "model"
+        out.mkdir(exist_ok=True)
+        with hf_progress_bars_off():
+            self.module.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
+        return _trainer_state(self.trainer, folder)
+
+    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+        _check_kind(state, self.group, lora_policy=False)
+        if optimizer:
+            _require(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
+        _load_full(self.module, folder, self.group, self.model_path)
+        if optimizer:
+            _load_trainer_state(self.trainer, folder, state)
+        return self.module.state_dict()
+
+    def close(self) -> None:
+        pass
+
+
+class LoraPolicy:
+    """A PEFT LoRA adapter named after the group on a ``peft.PeftModel`` that other groups' adapters may share
+    (``model_sharing: shared_lora``: one copy of the base weights). Only the adapter's parameters have
+    ``requires_grad`` and sit in the optimizer; a weight sync pushes only the adapter's tensors; checkpoints
+    hold the adapter in PEFT's format (``adapter/``; ``PeftModel.from_pretrained(base, folder / "adapter")``).
+
+    ``trainer`` is ``None`` for an adapter that only generates (a frozen agent under ``shared_lora``, or
+    ``mas-eval``, which loads the checkpoint's adapter).
+    """
+
+    def __init__(
+        self,
+        group: str,
+        model_path: str,
+        peft_model: Any,
+        tokenizer: Any,
+        lora_cfg: Any,
+        trainer: GroupGRPOTrainer | None,
+    ) -> None:
+        self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
+        self.adapter: str | None = group
+        self.shared_base = peft_model
+        self.lora = lora_cfg
+        self.trainer = trainer
+        self.trains = trainer is not None
+        self.generation_model = trainer.model if trainer is not None else peft_model
+        if trainer is None:
+            peft_model.eval()
+        self.num_parameters = _trainable_count(self.generation_model) if self.trains else 0
+        # TRL patched the base model's forward with its fused LM head at this group's temperature; groups sharing
+        # one base each put their own patch back before they train (activate).
+        self._fused_forward = fused_forward(peft_model) if self.trains else None
+
+    def activate(self, *, training: bool) -> None:
+        lora.activate(self.shared_base, self.group, trainable=self.trains)
+        if training:
+            restore_fused_forward(self.shared_base, self._fused_forward)
+            # TRL's disable_dropout (of every group built after this one, too) zeroes LoRA dropout
+            lora.restore_dropout(self.shared_base, self.group, self.lora.dropout)
+
+    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+        if self.trainer is None:
+            raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
+        return self.trainer.update(samples, advantages, agent_grad_norms=agent_grad_norms)
+
+    def parameters_for_sync(self) -> Tensors | None:
+        return lora.adapter_state(self.shared_base, self.group) if self.trains else None
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        if self.trainer is None:
+            return {}
+        out = folder / "adapter"
+        out.mkdir(exist_ok=True)
+        with hf_progress_bars_off():
+            lora.save(self.shared_base, self.group, out)
+            self.tokenizer.save_pretrained(out)
+        return _trainer_state(self.trainer, folder)
+
+    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+        if not state.get("trainable", True):
+            return None
+        _check_kind(state, self.group, lora_policy=True)
+        optimizer = optimizer and self.trainer is not None
+        _require(folder, self.group, "adapter", *(("optimizer.pt", "scheduler.pt") if optimizer else ()))
+        lora.load(self.shared_base, self.group, folder / "adapter")
+        if optimizer and self.trainer is not None:
+            _load_trainer_state(self.trainer, folder, state)
+        return lora.adapter_state(self.shared_base, self.group)
+
+    def close(self) -> None:
+        pass
+
+
+class ShardedPolicy:
+    """``num_ranks > 1``: the ranks (:class:`~mas_train.hosting.sharded.ShardedRanks`, or
+    :class:`~mas_train.hosting.sharded_ray.RayRanks` under ``pool: ray``) hold the trained, FSDP2-sharded model
+    and its optimizer shards; this process keeps a full copy that follows every sync (the backend's source and
+    what :meth:`save` writes). Per-agent gradient norms are not measured sharded."""
+
+    trains = True
+    adapter = None
+    shared_base = None
+
+    def __init__(
+        self, group: str, model_path: str, ranks: Any, model: torch.nn.Module, tokenizer: Any
+    ) -> None:
+        self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
+        self.ranks = ranks
+        model.eval().requires_grad_(False)
+        self.generation_model = model
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+
+    def activate(self, *, training: bool) -> None:
+        pass
+
+    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+        return self.ranks.update(samples, advantages)
+
+    def parameters_for_sync(self) -> Tensors | None:
+        """The full weights gathered from the ranks, copied into this process's full copy too."""
+        sd = self.ranks.full_state_dict()
+        self.generation_model.load_state_dict(sd, strict=False)
+        return sd
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        out = folder / "model"
+        out.mkdir(exist_ok=True)
+        self.parameters_for_sync()
+        with hf_progress_bars_off():
+            self.generation_model.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
+        return {"global_step": self.ranks.save(str(folder)), "num_ranks": self.ranks.num_ranks}
+
+    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+        _check_kind(state, self.group, lora_policy=False)
+        if optimizer:
+            _require(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
+        _load_full(self.generation_model, folder, self.group, self.model_path)
+        # each rank keeps its shard (with the optimizer state when asked)
+        step = int(state.get("global_step", 0)) if optimizer else 0
+        self.ranks.load(str(folder), optimizer=optimizer, global_step=step)
+        return self.generation_model.state_dict()
+
+    def close(self) -> None:
+        self.ranks.close()
+
+
+def make_policy(
+    resolved: Any,
+    group: str,
+    *,
+    train: bool | None = None,
+    shared_model: Any = None,
+    make_ranks: Callable[[Any, str], Any] | None = None,
+) -> GroupPolicy:
+    """The policy of model group ``group``: the one place that picks a hosting mode.
+
+    Args:
+        resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
+        train: build the GRPO update. ``False``: generation only (every group in ``mas-eval``); ``None``: the
+            group's ``trainable`` setting.
+        shared_model: under ``model_sharing: shared_lora``, the ``peft.PeftModel`` of the group's
+            ``base_group`` (its policy's ``shared_base``): the adapter is added to it instead of loading the
+            base again.
+        make_ranks: for a sharded group, ``make_ranks(resolved, group)`` builds its ranks (default
+            :class:`~mas_train.hosting.sharded.ShardedRanks`, local processes).
+
+    Raises:
+        ValueError: ``shared_model`` for a group without a ``lora`` section.
+    """
+    cfg = resolved.config
+    g = resolved.model_groups[group]
+    trains = g.trainable if train is None else bool(train)
+    model_path = resolve_model_path(g.model)
+    if not backend_kind(g.backend).can_train:
+        return RemotePolicy(group, model_path, load_tokenizer(model_path))
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(g.dtype, device)
+    if trains and g.num_ranks > 1:
+        ranks = (make_ranks or ShardedRanks)(resolved, group).start()  # they load in the background meanwhile
+        try:
+            # the hf backend samples with this copy on the run's device; an engine loads its own weights
+            with hf_progress_bars_off():
+                model, tok = load_model_and_tokenizer(
+                    model_path, dtype=dtype, device=device if g.backend == "hf" else "cpu"
+                )
+            return ShardedPolicy(group, model_path, ranks, model, tok)
+        except BaseException:
+            ranks.close(force=True)
+            raise
+    if shared_model is not None and g.lora is None:
+        raise ValueError(f"model group {group!r} has no lora section; it cannot share a base model")
+    if shared_model is not None:
+        model, tok = shared_model, load_tokenizer(model_path)
+    else:
+        with hf_progress_bars_off():
+            model, tok = load_model_and_tokenizer(model_path, dtype=dtype, device=device)
+    if g.lora is not None:
+        # PEFT draws the adapter's A matrices from torch's global RNG, which nothing has seeded yet for the first
+        # group (TRL seeds it in the trainer it builds): seed it from the run seed and the group name, so a run's
+        # initial adapters are the same in every process and differ between groups.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed * 7919 + zlib.crc32(group.encode()))
+            if shared_model is None:
+                model = lora.wrap(model, g.lora, group)
+            else:
+                lora.add(model, g.lora, group)
+        # the optimizer TRL builds holds exactly the parameters with requires_grad: this adapter's
+        lora.activate(model, group, trainable=trains)
+        trainer = build_group_trainer(resolved, group, model, tok, device) if trains else None
+        return LoraPolicy(group, model_path, model, tok, g.lora, trainer)
+    if trains:
+        return FullPolicy(group, model_path, build_group_trainer(resolved, group, model, tok, device), tok)
+    return FrozenPolicy(group, model_path, model, tok)
