@@ -7,6 +7,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mas_train.config import LAPTOP_DEFAULTS
+
 __all__ = ["bar_text", "off_the_clock", "print_summary"]
 
 # The keys the progress bar shows, when present.
@@ -72,3 +74,41 @@ def print_summary(s: Mapping[str, Any], out) -> None:
     if s["checkpoint"]:
         print(f"  checkpoint:   {s['checkpoint']}  (continue with --resume {s['run_dir']})", file=out)
     out.flush()
+
+
+def print_start(plan: Any, out: Any) -> None:
+    """The start-up banner of ``mas-train``: env, agents and run folder, each model group and what it trains,
+    the step budget, the task sets (and that a plain run got the laptop setting), resumed changes and warnings.
+
+    Args:
+        plan: the :class:`~mas_train.startup.RunPlan` of :func:`~mas_train.startup.prepare`. out: a text stream.
+    """
+
+    cfg, resolved, run_dir = plan.config, plan.resolved, plan.run_dir
+    agents = list(resolved.agents)
+    print(f"mas-train: env {cfg.env} | agents {', '.join(agents)} | run {run_dir}", file=out)
+    for g in resolved.model_groups.values():
+        how = "LoRA adapter" if g.lora else "all weights"
+        what = (
+            f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
+        )
+        print(f"  model group {g.name!r}: {g.model} ({g.backend}) {what}", file=out)
+    print(
+        f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
+        f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",
+        file=out,
+    )
+    print(
+        f"  tasks: {cfg.train_data or 'the env default'}; eval: {cfg.eval_data or 'the env default'}",
+        file=out,
+    )
+    if cfg.train_data is not None and cfg.train_data == LAPTOP_DEFAULTS.get(cfg.env, {}).get("train_data"):
+        print(
+            "  (the laptop setting of a plain run: mas_train/config/common.py LAPTOP_DEFAULTS; name tasks, e.g. "
+            "--train_data gsm8k-train, or a model for the paper's prompts and data)",
+            file=out,
+        )
+    for k, (old, new) in plan.changes.items():
+        print(f"  resumed with {k} changed: {old!r} -> {new!r}", file=out)
+    for w in plan.warnings:
+        print(f"  warning: {w}", file=out)

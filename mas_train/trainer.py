@@ -26,6 +26,27 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
+
+from mas_train.advantages import compute_advantages_with_stats, lemma_metrics
+from mas_train.checkpoint import (
+    list_checkpoints,
+    load_trainer_state,
+    prune_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from mas_train.eval import eval_sampling, evaluate
+from mas_train.hosting.pools import make_pool
+from mas_train.hosting.protocols import WorkerPool
+from mas_train.metrics import rollout_metrics, update_metrics
+from mas_train.progress import bar_text, off_the_clock, print_start, print_summary
+from mas_train.rollout import RolloutCollector
+from mas_train.startup import make_env_factory, prepare, record_config
+from mas_train.tasks import TaskSampler, eval_tasks
+from mas_train.tasks import train_tasks as default_train_tasks
+from mas_train.tracking import RunLogger, read_jsonl
 
 __all__ = ["MultiGroupTrainer", "train"]
 
@@ -52,17 +73,12 @@ class MultiGroupTrainer:
         self,
         resolved,
         *,
-        pool=None,
+        pool: WorkerPool | None = None,
         env_factory: Callable[[], Any] | None = None,
         train_tasks: Sequence[Mapping[str, Any]] | None = None,
         eval_tasks: Sequence[Mapping[str, Any]] | None = None,
         probe: Any = None,
     ) -> None:
-        from mas_train.hosting.pools import make_pool
-        from mas_train.rollout import RolloutCollector
-        from mas_train.startup import make_env_factory
-        from mas_train.tasks import TaskSampler
-        from mas_train.tasks import train_tasks as default_train_tasks
 
         self.resolved = resolved
         cfg = self.cfg = resolved.config
@@ -100,8 +116,6 @@ class MultiGroupTrainer:
     def eval_tasks(self) -> list[dict[str, Any]]:
         """Evaluation rows (see :func:`mas_train.tasks.eval_tasks`), cut to ``eval_num_tasks``."""
         if self._eval_tasks is None:
-            from mas_train.tasks import eval_tasks
-
             self._eval_tasks = eval_tasks(self.cfg, self._probe, limit=self.cfg.eval_num_tasks)
         return self._eval_tasks[: self.cfg.eval_num_tasks] if self.cfg.eval_num_tasks else self._eval_tasks
 
@@ -112,8 +126,6 @@ class MultiGroupTrainer:
         Returns:
             ``(metrics, extra)``: flat float metrics and JSON-able extras (``tasks``: the task ids of the step).
         """
-        from mas_train.advantages import compute_advantages_with_stats, lemma_metrics
-        from mas_train.metrics import rollout_metrics, update_metrics
 
         cfg = self.cfg
         t_start = time.perf_counter()
@@ -145,7 +157,7 @@ class MultiGroupTrainer:
         for g in self.groups:
             if not self.resolved.model_groups[g].trainable:
                 # a frozen group acts and is logged, but its samples never reach a loss
-                for k, v in getattr(self.pool.worker(g), "usage", {}).items():
+                for k, v in self.pool.worker(g).usage.items():
                     metrics[f"charts/backend/{k}/{g}"] = float(v)
                 continue
             idx = [i for i, s in enumerate(samples) if s.model_group == g]
@@ -183,7 +195,6 @@ class MultiGroupTrainer:
     # -- evaluation -----------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`)."""
-        from mas_train.eval import eval_sampling, evaluate
 
         result = evaluate(
             self.collector, self.eval_tasks, k=self.cfg.eval_k, sampling=eval_sampling(self.resolved)
@@ -195,7 +206,6 @@ class MultiGroupTrainer:
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        from mas_train.checkpoint import rng_state
 
         return {
             "step": self.step,
@@ -208,7 +218,6 @@ class MultiGroupTrainer:
     def save_checkpoint(self) -> Path:
         """Write ``<run_dir>/checkpoints/step-<step>`` (see :mod:`mas_train.checkpoint`) and delete checkpoints
         beyond ``save_total_limit``."""
-        from mas_train.checkpoint import prune_checkpoints, save_checkpoint
 
         self.last_checkpoint = save_checkpoint(
             self.run_dir, self.step, self.pool, self.state_dict(), self.cfg.to_yaml()
@@ -222,7 +231,6 @@ class MultiGroupTrainer:
         Raises:
             ValueError: the checkpoint's model groups or data order differ from this run's.
         """
-        from mas_train.checkpoint import load_trainer_state, set_rng_state
 
         ckpt = Path(ckpt)
         state = load_trainer_state(ckpt)
@@ -252,9 +260,6 @@ class MultiGroupTrainer:
         Returns:
             The last training step's metrics.
         """
-        from tqdm.auto import tqdm
-
-        from mas_train.progress import bar_text, off_the_clock
 
         cfg = self.cfg
         agents = list(self.resolved.agents)
@@ -309,7 +314,6 @@ class MultiGroupTrainer:
 
 def _first_eval_of(run_dir: Path) -> dict[str, float]:
     """The first evaluation line of a run's ``metrics.jsonl`` (a resumed run's "before")."""
-    from mas_train.tracking import read_jsonl
 
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -336,13 +340,6 @@ def train(
         ConfigError: invalid settings, found before any model is loaded.
         FileNotFoundError: ``--resume`` target not found.
     """
-    from tqdm.auto import tqdm
-
-    from mas_train.checkpoint import list_checkpoints, load_trainer_state
-    from mas_train.config import LAPTOP_DEFAULTS
-    from mas_train.progress import print_summary
-    from mas_train.startup import prepare, record_config
-    from mas_train.tracking import RunLogger
 
     out = out or sys.stdout
     t_start = time.perf_counter()
@@ -376,33 +373,7 @@ def train(
                 "already_complete": True,
             }
 
-    agents = list(resolved.agents)
-    print(f"mas-train: env {cfg.env} | agents {', '.join(agents)} | run {run_dir}", file=out)
-    for g in resolved.model_groups.values():
-        how = "LoRA adapter" if g.lora else "all weights"
-        what = (
-            f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
-        )
-        print(f"  model group {g.name!r}: {g.model} ({g.backend}) {what}", file=out)
-    print(
-        f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
-        f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",
-        file=out,
-    )
-    print(
-        f"  tasks: {cfg.train_data or 'the env default'}; eval: {cfg.eval_data or 'the env default'}",
-        file=out,
-    )
-    if cfg.train_data is not None and cfg.train_data == LAPTOP_DEFAULTS.get(cfg.env, {}).get("train_data"):
-        print(
-            "  (the laptop setting of a plain run: mas_train/config/common.py LAPTOP_DEFAULTS; name tasks, e.g. "
-            "--train_data gsm8k-train, or a model for the paper's prompts and data)",
-            file=out,
-        )
-    for k, (old, new) in plan.changes.items():
-        print(f"  resumed with {k} changed: {old!r} -> {new!r}", file=out)
-    for w in plan.warnings:
-        print(f"  warning: {w}", file=out)
+    print_start(plan, out)
     out.flush()
 
     def say(msg: str) -> None:

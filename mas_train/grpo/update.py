@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mas_train.grpo.importance import importance_ratio
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, grpo_args
 from mas_train.models import resolve_dtype
@@ -56,7 +57,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ShardPlan:
     """A sharded group's rank: ``world`` ranks; ``share(plan)`` gives this rank's micro-batches of the one-rank
-    plan and their loss weights (:func:`~mas_train.hosting.sharded.rank_share`)."""
+    plan and their loss weights (:func:`~mas_train.hosting.sharded_rank.rank_share`)."""
 
     world: int
     share: Callable[[list], tuple[list, list[float]]]
@@ -168,41 +169,19 @@ class GroupGRPOTrainer(TRLGRPO):
         return bool(self.args.mask_truncated_completions) and s.finish_reason == "length"
 
     # -- importance sampling --------------------------------------------------------------------------
-    def _is_ratio(self, old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor):
-        """TRL's vLLM importance-sampling ratio, applied to any backend: ``(B, T)``, or ``(B, 1)`` for the
-        sequence-level modes."""
-        diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
-        mode = self.args.vllm_importance_sampling_mode
-        if mode in ("sequence_mask", "sequence_truncate"):
-            diff = diff.sum(dim=-1, keepdim=True)
-        ratio = torch.exp(diff.clamp(max=30.0))
-        lo, hi = self.args.vllm_importance_sampling_clip_min, self.args.vllm_importance_sampling_clip_max
-        if mode.endswith("truncate"):
-            ratio = torch.clamp(ratio, min=lo, max=hi)
-        elif mode.endswith("mask"):
-            bad = torch.zeros_like(ratio, dtype=torch.bool)
-            if lo is not None:
-                bad |= ratio < lo
-            if hi is not None:
-                bad |= ratio > hi
-            ratio = ratio.masked_fill(bad, 0.0)
-        else:
-            raise ValueError(f"unknown vllm_importance_sampling_mode {mode!r}")
-        m = mask.float()
-        tok_diff = (old_logps - sampling_logps).abs() * m
-        self._is_stats["sampling/sampling_logp_difference/mean"].append(
-            (tok_diff.sum() / m.sum().clamp(min=1)).item()
-        )
-        self._is_stats["sampling/importance_sampling_ratio/mean"].append(
-            (ratio * m).sum().item() / m.sum().clamp(min=1).item()
-            if ratio.shape[-1] != 1
-            else ratio.mean().item()
-        )
-        return ratio
-
     def _apply_is(self, inputs: dict, old_logps: torch.Tensor) -> None:
         mask = inputs["completion_mask"]
-        ratio = self._is_ratio(old_logps.detach(), inputs["sampling_per_token_logps"], mask)
+        args = self.args
+        ratio, stats = importance_ratio(
+            old_logps.detach(),
+            inputs["sampling_per_token_logps"],
+            mask,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
+        for key, value in stats.items():
+            self._is_stats[key].append(value)
         if self.loss_type == "vespo":
             inputs["importance_sampling_ratio"] = ratio
         else:

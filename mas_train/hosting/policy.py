@@ -2,7 +2,7 @@
 
 A policy owns a group's weights, its optimizer state and its checkpoint files; the worker
 (:class:`~mas_train.hosting.worker.ModelGroupWorker`) composes one policy with one generation backend and
-switches on nothing. :func:`make_policy` picks the class once, from the group's settings:
+switches on nothing. :func:`~mas_train.hosting.worker.make_policy` picks the class once, from the group's settings:
 
 ============================  ==========================================================================
 class                         hosting mode
@@ -11,7 +11,7 @@ class                         hosting mode
 :class:`FrozenPolicy`         a local model that is never trained here (``trainable: false``, ``mas-eval``)
 :class:`FullPolicy`           all weights trained by the group's own GRPO update and AdamW
 :class:`LoraPolicy`           a PEFT LoRA adapter on a base model that other groups' adapters may share
-:class:`ShardedPolicy`        the update on ``num_ranks`` FSDP2 ranks; this process keeps a full copy
+:class:`~.sharded.ShardedPolicy` the update on ``num_ranks`` FSDP2 ranks; this process keeps a full copy
 ============================  ==========================================================================
 
 Every class passes the same contract suite (:mod:`mas_train.hosting.testing`). Checkpoint layout of a group
@@ -21,26 +21,16 @@ folder (the worker writes ``state.json``; the policy the rest): ``model/`` (Hugg
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from mas_train import lora
-from mas_train.backends import backend_kind
 from mas_train.grpo.trl_adapter import fused_forward, restore_fused_forward
-from mas_train.grpo.update import GroupGRPOTrainer, build_group_trainer
-from mas_train.hosting.sharded import ShardedRanks
-from mas_train.models import (
-    hf_progress_bars_off,
-    load_model_and_tokenizer,
-    load_tokenizer,
-    resolve_device,
-    resolve_dtype,
-    resolve_model_path,
-)
+from mas_train.grpo.update import GroupGRPOTrainer
+from mas_train.models import hf_progress_bars_off
 from mas_train.rollout import Sample
 
 __all__ = [
@@ -49,8 +39,10 @@ __all__ = [
     "GroupPolicy",
     "LoraPolicy",
     "RemotePolicy",
-    "ShardedPolicy",
-    "make_policy",
+    "Tensors",
+    "check_weights_kind",
+    "load_full_weights",
+    "require_files",
 ]
 
 Tensors = dict[str, torch.Tensor]
@@ -117,13 +109,13 @@ class GroupPolicy(Protocol):
         ...
 
 
-def _require(folder: Path, group: str, *names: str) -> None:
+def require_files(folder: Path, group: str, *names: str) -> None:
     for name in names:
         if not (folder / name).exists():
             raise FileNotFoundError(f"checkpoint of group {group!r} lacks {folder / name}")
 
 
-def _check_kind(state: Mapping[str, Any], group: str, *, lora_policy: bool) -> None:
+def check_weights_kind(state: Mapping[str, Any], group: str, *, lora_policy: bool) -> None:
     if bool(state.get("lora", False)) != lora_policy:
         saved, mine = ("a LoRA adapter", "full") if state.get("lora") else ("full weights", "LoRA")
         raise RuntimeError(
@@ -132,7 +124,7 @@ def _check_kind(state: Mapping[str, Any], group: str, *, lora_policy: bool) -> N
         )
 
 
-def _load_full(module: torch.nn.Module, folder: Path, group: str, model_path: str) -> None:
+def load_full_weights(module: torch.nn.Module, folder: Path, group: str, model_path: str) -> None:
     """Load ``folder/model`` (a Hugging Face folder) into ``module`` in place.
 
     Raises:
@@ -140,7 +132,7 @@ def _load_full(module: torch.nn.Module, folder: Path, group: str, model_path: st
     """
     from transformers import AutoModelForCausalLM
 
-    _require(folder, group, "model")
+    require_files(folder, group, "model")
     with hf_progress_bars_off():
         saved = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=next(module.parameters()).dtype)
     try:
@@ -157,19 +149,19 @@ def _load_full(module: torch.nn.Module, folder: Path, group: str, model_path: st
         )
 
 
-def _trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> dict[str, Any]:
+def save_trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> dict[str, Any]:
     torch.save(trainer.optimizer.state_dict(), folder / "optimizer.pt")
     torch.save(trainer.lr_scheduler.state_dict(), folder / "scheduler.pt")
     return {"global_step": trainer.state.global_step}
 
 
-def _load_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: Mapping[str, Any]) -> None:
+def _loadsave_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: Mapping[str, Any]) -> None:
     trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
     trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
     trainer.state.global_step = int(state["global_step"])
 
 
-def _trainable_count(module: torch.nn.Module) -> int:
+def trainable_count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
@@ -235,8 +227,8 @@ class FrozenPolicy:
     def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
             return None  # saved frozen: the weights are the model setting's
-        _check_kind(state, self.group, lora_policy=False)
-        _load_full(self.generation_model, folder, self.group, self.model_path)
+        check_weights_kind(state, self.group, lora_policy=False)
+        load_full_weights(self.generation_model, folder, self.group, self.model_path)
         return self.generation_model.state_dict()
 
     def close(self) -> None:
@@ -255,7 +247,7 @@ class FullPolicy:
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
         self.trainer = trainer
         self.generation_model = trainer.model
-        self.num_parameters = _trainable_count(trainer.model)
+        self.num_parameters = trainable_count(trainer.model)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -277,15 +269,15 @@ class FullPolicy:
         with hf_progress_bars_off():
             self.module.save_pretrained(out)
             self.tokenizer.save_pretrained(out)
-        return _trainer_state(self.trainer, folder)
+        return save_trainer_state(self.trainer, folder)
 
     def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
-        _check_kind(state, self.group, lora_policy=False)
+        check_weights_kind(state, self.group, lora_policy=False)
         if optimizer:
-            _require(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
-        _load_full(self.module, folder, self.group, self.model_path)
+            require_files(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
+        load_full_weights(self.module, folder, self.group, self.model_path)
         if optimizer:
-            _load_trainer_state(self.trainer, folder, state)
+            _loadsave_trainer_state(self.trainer, folder, state)
         return self.module.state_dict()
 
     def close(self) -> None:
@@ -320,7 +312,7 @@ class LoraPolicy:
         self.generation_model = trainer.model if trainer is not None else peft_model
         if trainer is None:
             peft_model.eval()
-        self.num_parameters = _trainable_count(self.generation_model) if self.trains else 0
+        self.num_parameters = trainable_count(self.generation_model) if self.trains else 0
         # TRL patched the base model's forward with its fused LM head at this group's temperature; groups sharing
         # one base each put their own patch back before they train (activate).
         self._fused_forward = fused_forward(peft_model) if self.trains else None
@@ -348,141 +340,18 @@ class LoraPolicy:
         with hf_progress_bars_off():
             lora.save(self.shared_base, self.group, out)
             self.tokenizer.save_pretrained(out)
-        return _trainer_state(self.trainer, folder)
+        return save_trainer_state(self.trainer, folder)
 
     def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
             return None
-        _check_kind(state, self.group, lora_policy=True)
+        check_weights_kind(state, self.group, lora_policy=True)
         optimizer = optimizer and self.trainer is not None
-        _require(folder, self.group, "adapter", *(("optimizer.pt", "scheduler.pt") if optimizer else ()))
+        require_files(folder, self.group, "adapter", *(("optimizer.pt", "scheduler.pt") if optimizer else ()))
         lora.load(self.shared_base, self.group, folder / "adapter")
         if optimizer and self.trainer is not None:
-            _load_trainer_state(self.trainer, folder, state)
+            _loadsave_trainer_state(self.trainer, folder, state)
         return lora.adapter_state(self.shared_base, self.group)
 
     def close(self) -> None:
         pass
-
-
-class ShardedPolicy:
-    """``num_ranks > 1``: the ranks (:class:`~mas_train.hosting.sharded.ShardedRanks`, or
-    :class:`~mas_train.hosting.sharded_ray.RayRanks` under ``pool: ray``) hold the trained, FSDP2-sharded model
-    and its optimizer shards; this process keeps a full copy that follows every sync (the backend's source and
-    what :meth:`save` writes). Per-agent gradient norms are not measured sharded."""
-
-    trains = True
-    adapter = None
-    shared_base = None
-
-    def __init__(
-        self, group: str, model_path: str, ranks: Any, model: torch.nn.Module, tokenizer: Any
-    ) -> None:
-        self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
-        self.ranks = ranks
-        model.eval().requires_grad_(False)
-        self.generation_model = model
-        self.num_parameters = sum(p.numel() for p in model.parameters())
-
-    def activate(self, *, training: bool) -> None:
-        pass
-
-    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
-        return self.ranks.update(samples, advantages)
-
-    def parameters_for_sync(self) -> Tensors | None:
-        """The full weights gathered from the ranks, copied into this process's full copy too."""
-        sd = self.ranks.full_state_dict()
-        self.generation_model.load_state_dict(sd, strict=False)
-        return sd
-
-    def save(self, folder: Path) -> dict[str, Any]:
-        out = folder / "model"
-        out.mkdir(exist_ok=True)
-        self.parameters_for_sync()
-        with hf_progress_bars_off():
-            self.generation_model.save_pretrained(out)
-            self.tokenizer.save_pretrained(out)
-        return {"global_step": self.ranks.save(str(folder)), "num_ranks": self.ranks.num_ranks}
-
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
-        _check_kind(state, self.group, lora_policy=False)
-        if optimizer:
-            _require(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
-        _load_full(self.generation_model, folder, self.group, self.model_path)
-        # each rank keeps its shard (with the optimizer state when asked)
-        step = int(state.get("global_step", 0)) if optimizer else 0
-        self.ranks.load(str(folder), optimizer=optimizer, global_step=step)
-        return self.generation_model.state_dict()
-
-    def close(self) -> None:
-        self.ranks.close()
-
-
-def make_policy(
-    resolved: Any,
-    group: str,
-    *,
-    train: bool | None = None,
-    shared_model: Any = None,
-    make_ranks: Callable[[Any, str], Any] | None = None,
-) -> GroupPolicy:
-    """The policy of model group ``group``: the one place that picks a hosting mode.
-
-    Args:
-        resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
-        train: build the GRPO update. ``False``: generation only (every group in ``mas-eval``); ``None``: the
-            group's ``trainable`` setting.
-        shared_model: under ``model_sharing: shared_lora``, the ``peft.PeftModel`` of the group's
-            ``base_group`` (its policy's ``shared_base``): the adapter is added to it instead of loading the
-            base again.
-        make_ranks: for a sharded group, ``make_ranks(resolved, group)`` builds its ranks (default
-            :class:`~mas_train.hosting.sharded.ShardedRanks`, local processes).
-
-    Raises:
-        ValueError: ``shared_model`` for a group without a ``lora`` section.
-    """
-    cfg = resolved.config
-    g = resolved.model_groups[group]
-    trains = g.trainable if train is None else bool(train)
-    model_path = resolve_model_path(g.model)
-    if not backend_kind(g.backend).can_train:
-        return RemotePolicy(group, model_path, load_tokenizer(model_path))
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(g.dtype, device)
-    if trains and g.num_ranks > 1:
-        ranks = (make_ranks or ShardedRanks)(resolved, group).start()  # they load in the background meanwhile
-        try:
-            # the hf backend samples with this copy on the run's device; an engine loads its own weights
-            with hf_progress_bars_off():
-                model, tok = load_model_and_tokenizer(
-                    model_path, dtype=dtype, device=device if g.backend == "hf" else "cpu"
-                )
-            return ShardedPolicy(group, model_path, ranks, model, tok)
-        except BaseException:
-            ranks.close(force=True)
-            raise
-    if shared_model is not None and g.lora is None:
-        raise ValueError(f"model group {group!r} has no lora section; it cannot share a base model")
-    if shared_model is not None:
-        model, tok = shared_model, load_tokenizer(model_path)
-    else:
-        with hf_progress_bars_off():
-            model, tok = load_model_and_tokenizer(model_path, dtype=dtype, device=device)
-    if g.lora is not None:
-        # PEFT draws the adapter's A matrices from torch's global RNG, which nothing has seeded yet for the first
-        # group (TRL seeds it in the trainer it builds): seed it from the run seed and the group name, so a run's
-        # initial adapters are the same in every process and differ between groups.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed * 7919 + zlib.crc32(group.encode()))
-            if shared_model is None:
-                model = lora.wrap(model, g.lora, group)
-            else:
-                lora.add(model, g.lora, group)
-        # the optimizer TRL builds holds exactly the parameters with requires_grad: this adapter's
-        lora.activate(model, group, trainable=trains)
-        trainer = build_group_trainer(resolved, group, model, tok, device) if trains else None
-        return LoraPolicy(group, model_path, model, tok, g.lora, trainer)
-    if trains:
-        return FullPolicy(group, model_path, build_group_trainer(resolved, group, model, tok, device), tok)
-    return FrozenPolicy(group, model_path, model, tok)

@@ -2,7 +2,7 @@
 :mod:`mas_train.hosting.sharded` as N Ray actors, rank r pinned to the group's r-th rank bundle of the run's placement
 group (:func:`~mas_train.hosting.ray_pool.bundle_layout`), with the interface of
 :class:`~mas_train.hosting.sharded.ShardedRanks` (the local processes of ``pool: local``). Each actor's body is the same
-:class:`~mas_train.hosting.sharded.Rank`; the ranks meet at ``tcp://<rank 0's node IP>:<a port free there>``. A rank
+:class:`~mas_train.hosting.sharded_rank.Rank`; the ranks meet at ``tcp://<rank 0's node IP>:<a port free there>``. A rank
 actor that is gone (``ActorDiedError``) or raised fails the call with :class:`~mas_train.hosting.sharded.RankFailure`
 naming the group and the rank, and every rank actor is then killed (``ray.kill``).
 """
@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from mas_train.hosting.sharded import DEFAULT_TIMEOUT_S, Rank, RankFailure, free_port
+from mas_train.backends.server import free_port
+from mas_train.hosting.sharded_rank import DEFAULT_TIMEOUT_S, Rank, RankFailure
 
 __all__ = ["RayRanks"]
 

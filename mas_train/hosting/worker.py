@@ -12,17 +12,31 @@ as a :class:`~mas_train.hosting.protocols.WorkerHandle`. The weight sync (policy
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mas_train.backends import make_backend
+import torch
+
+from mas_train import lora
+from mas_train.backends import backend_kind, make_backend
 from mas_train.backends.base import ChatBackend, UsageReporter
 from mas_train.backends.hf import HFBackend
-from mas_train.hosting.policy import GroupPolicy, ShardedPolicy, make_policy
+from mas_train.grpo.update import build_group_trainer
+from mas_train.hosting.policy import FrozenPolicy, FullPolicy, GroupPolicy, LoraPolicy, RemotePolicy
+from mas_train.hosting.sharded import ShardedPolicy, ShardedRanks
+from mas_train.models import (
+    hf_progress_bars_off,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
 from mas_train.rollout import Sample
 
-__all__ = ["ModelGroupWorker", "StaleSampleError"]
+__all__ = ["ModelGroupWorker", "StaleSampleError", "make_policy"]
 
 
 class StaleSampleError(RuntimeError):
@@ -35,7 +49,7 @@ class ModelGroupWorker:
     Args:
         resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
         group: name of the model group.
-        train, shared_model, make_ranks: see :func:`~mas_train.hosting.policy.make_policy`.
+        train, shared_model, make_ranks: see :func:`make_policy`.
 
     Attributes:
         policy: the group's policy (one class per hosting mode).
@@ -258,3 +272,72 @@ class ModelGroupWorker:
             self.backend.close()
         finally:
             self.policy.close()
+
+
+def make_policy(
+    resolved: Any,
+    group: str,
+    *,
+    train: bool | None = None,
+    shared_model: Any = None,
+    make_ranks: Callable[[Any, str], Any] | None = None,
+) -> GroupPolicy:
+    """The policy of model group ``group``: the one place that picks a hosting mode.
+
+    Args:
+        resolved: the run's :class:`~mas_train.config.ResolvedConfig`.
+        train: build the GRPO update. ``False``: generation only (every group in ``mas-eval``); ``None``: the
+            group's ``trainable`` setting.
+        shared_model: under ``model_sharing: shared_lora``, the ``peft.PeftModel`` of the group's
+            ``base_group`` (its policy's ``shared_base``): the adapter is added to it instead of loading the
+            base again.
+        make_ranks: for a sharded group, ``make_ranks(resolved, group)`` builds its ranks (default
+            :class:`~mas_train.hosting.sharded.ShardedRanks`, local processes).
+
+    Raises:
+        ValueError: ``shared_model`` for a group without a ``lora`` section.
+    """
+    cfg = resolved.config
+    g = resolved.model_groups[group]
+    trains = g.trainable if train is None else bool(train)
+    model_path = resolve_model_path(g.model)
+    if not backend_kind(g.backend).can_train:
+        return RemotePolicy(group, model_path, load_tokenizer(model_path))
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(g.dtype, device)
+    if trains and g.num_ranks > 1:
+        ranks = (make_ranks or ShardedRanks)(resolved, group).start()  # they load in the background meanwhile
+        try:
+            # the hf backend samples with this copy on the run's device; an engine loads its own weights
+            with hf_progress_bars_off():
+                model, tok = load_model_and_tokenizer(
+                    model_path, dtype=dtype, device=device if g.backend == "hf" else "cpu"
+                )
+            return ShardedPolicy(group, model_path, ranks, model, tok)
+        except BaseException:
+            ranks.close(force=True)
+            raise
+    if shared_model is not None and g.lora is None:
+        raise ValueError(f"model group {group!r} has no lora section; it cannot share a base model")
+    if shared_model is not None:
+        model, tok = shared_model, load_tokenizer(model_path)
+    else:
+        with hf_progress_bars_off():
+            model, tok = load_model_and_tokenizer(model_path, dtype=dtype, device=device)
+    if g.lora is not None:
+        # PEFT draws the adapter's A matrices from torch's global RNG, which nothing has seeded yet for the first
+        # group (TRL seeds it in the trainer it builds): seed it from the run seed and the group name, so a run's
+        # initial adapters are the same in every process and differ between groups.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed * 7919 + zlib.crc32(group.encode()))
+            if shared_model is None:
+                model = lora.wrap(model, g.lora, group)
+            else:
+                lora.add(model, g.lora, group)
+        # the optimizer TRL builds holds exactly the parameters with requires_grad: this adapter's
+        lora.activate(model, group, trainable=trains)
+        trainer = build_group_trainer(resolved, group, model, tok, device) if trains else None
+        return LoraPolicy(group, model_path, model, tok, g.lora, trainer)
+    if trains:
+        return FullPolicy(group, model_path, build_group_trainer(resolved, group, model, tok, device), tok)
+    return FrozenPolicy(group, model_path, model, tok)

@@ -15,8 +15,8 @@ pytest.importorskip("trl")
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
 from mas_train.config import ConfigError, TrainConfig  # noqa: E402
-from mas_train.hosting.policy import ShardedPolicy  # noqa: E402
-from mas_train.hosting.sharded import RankFailure, optimizer_state_by_index, rank_share  # noqa: E402
+from mas_train.hosting.sharded import ShardedPolicy  # noqa: E402
+from mas_train.hosting.sharded_rank import RankFailure, optimizer_state_by_index, rank_share  # noqa: E402
 from mas_train.trainer import MultiGroupTrainer  # noqa: E402
 
 AGENTS = ["solver", "verifier"]
