@@ -13,6 +13,7 @@ pytest.importorskip("trl")
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
 from mas_train.config import ConfigError, TrainConfig  # noqa: E402
+from mas_train.hosting.policy import FrozenPolicy  # noqa: E402
 from mas_train.lora import is_adapter_param  # noqa: E402
 from mas_train.rollout import Sample  # noqa: E402
 from mas_train.trainer import MultiGroupTrainer  # noqa: E402
@@ -276,7 +277,9 @@ def test_a_frozen_verifier_acts_and_is_logged_but_only_the_solver_trains(tmp_pat
     )
     try:
         sol, ver = tr.pool.worker("solver"), tr.pool.worker("verifier")
-        assert ver.policy.trainer is None and ver.num_parameters == 0  # no optimizer, no optimizer state
+        assert (
+            isinstance(ver.policy, FrozenPolicy) and not ver.trains and ver.num_parameters == 0
+        )  # no optimizer
         before = {g: _snapshot(tr.pool.worker(g).model) for g in AGENTS}
         metrics, _ = tr.train_step()
         assert len(_changed(before["solver"], _snapshot(sol.model))) == len(before["solver"])
