@@ -1,7 +1,7 @@
 """What the training loop sees of a model group and of the pool that hosts the groups.
 
 :class:`WorkerHandle` is the contract of :class:`~mas_train.hosting.worker.ModelGroupWorker` (in-process) and of
-:class:`~mas_train.hosting.ray_pool.RayWorkerHandle` (the driver's stand-in for a worker in a Ray actor); it
+:class:`~mas_train.hosting.ray_worker.RayWorkerHandle` (the driver's stand-in for a worker in a Ray actor); it
 extends the collector's :class:`~mas_train.rollout.Generator` (generation and its optional capabilities) with the
 update, the weight sync and checkpoints. :class:`WorkerPool` is the contract of
 :class:`~mas_train.hosting.pools.LocalPool` and :class:`~mas_train.hosting.ray_pool.RayPool`. The type checker

@@ -5,7 +5,8 @@ share one GPU); the pool turns those into one bundle per group (and one per rank
 them all at once with a placement group (strategy ``PACK`` by default: as few nodes as possible, spilling over
 when one is not enough), and starts a :class:`~mas_train.hosting.worker.ModelGroupWorker` per group in an actor pinned
 to its bundle. The actor holds the group's policy, its TRL trainer and its generation backend, so weights never
-leave the actor: the driver sends token ids and samples, and gets completions, metrics and versions back.
+leave the actor: the driver sends token ids and samples, and gets completions, metrics and versions back. The
+actor body and the driver's handle to it are :mod:`mas_train.hosting.ray_worker`'s; this module places them.
 
 A sharded group (``num_ranks: N > 1``, :mod:`mas_train.hosting.sharded`) holds N + 1 bundles: its worker's, then one
 per rank (:func:`bundle_layout`). Its worker's actor starts the N ranks as N actors of their own
@@ -30,8 +31,9 @@ import atexit
 import logging
 import os
 import weakref
-from pathlib import Path
 from typing import Any
+
+from mas_train.hosting.ray_worker import ModelGroupActor, RayWorkerHandle, bounded_get, parameter_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -119,154 +121,8 @@ def placement_bundles(resolved: Any) -> list[dict[str, float]]:
     return bundles
 
 
-def parameter_fingerprint(model: Any) -> dict[str, Any]:
-    """A fingerprint of a model's weights: ``sha256`` of every parameter's bytes (in ``named_parameters``
-    order; equal iff bit-identical), ``sum`` and ``abs_sum`` in float64 (for tolerance comparisons) and the
-    parameter count ``numel``."""
-    import hashlib
-
-    import torch
-
-    digest = hashlib.sha256()
-    total = abs_total = 0.0
-    numel = 0
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            t = p.detach().to("cpu").contiguous()
-            digest.update(name.encode())
-            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-            t64 = t.double()
-            total += float(t64.sum())
-            abs_total += float(t64.abs().sum())
-            numel += t.numel()
-    return {"sha256": digest.hexdigest(), "sum": total, "abs_sum": abs_total, "numel": numel}
-
-
 def _missing_resources(needed: dict[str, float], have: dict[str, float]) -> dict[str, float]:
     return {k: round(v - have.get(k, 0.0), 6) for k, v in needed.items() if v > have.get(k, 0.0) + 1e-9}
-
-
-class _ModelGroupActor:
-    """The Ray actor body: a :class:`~mas_train.hosting.worker.ModelGroupWorker` plus generic call/get."""
-
-    def __init__(
-        self, resolved: Any, group: str, cwd: str, num_threads: int, ranks: dict[str, Any] | None = None
-    ) -> None:
-        import functools
-
-        import torch
-
-        if os.path.isdir(cwd):
-            os.chdir(cwd)  # relative run folders resolve as in the driver (same node or shared filesystem)
-        torch.set_num_threads(num_threads)
-        from mas_train.hosting.worker import ModelGroupWorker
-
-        make_ranks = None
-        if ranks is not None:  # a sharded group: its ranks are actors in their own bundles (RayRanks)
-            from mas_train.hosting.sharded_ray import RayRanks
-
-            make_ranks = functools.partial(RayRanks, **ranks)
-        self.worker = ModelGroupWorker(resolved, group, make_ranks=make_ranks)
-
-    def info(self) -> dict[str, Any]:
-        w = self.worker
-        return {
-            "pid": os.getpid(),
-            "node": os.uname().nodename,
-            "tokenizer": w.tokenizer,
-            "num_parameters": w.num_parameters,
-            "model_path": w.model_path,
-            "agents": tuple(w.agents),
-            "wants_messages": w.wants_messages,
-            "trains": w.trains,
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
-
-    def fingerprint(self) -> dict[str, Any]:
-        return parameter_fingerprint(self.worker.model)
-
-    def get(self, attr: str) -> Any:
-        return getattr(self.worker, attr)
-
-
-class RayWorkerHandle:
-    """Driver-side stand-in for one group's :class:`~mas_train.hosting.worker.ModelGroupWorker` in a Ray actor.
-
-    A :class:`~mas_train.hosting.protocols.WorkerHandle` like the worker itself (the type checker holds both
-    to it): each method a blocking remote call bounded by ``call_timeout_s``. Paths given to ``save``/``load`` are made absolute in
-    the driver first.
-
-    Raises (from every call):
-        TimeoutError: no answer within ``call_timeout_s`` (names the group and the method).
-        RuntimeError: the actor died (e.g. out of memory); the Ray error is chained.
-    """
-
-    def __init__(self, pool: RayPool, group: str, actor: Any, info: dict[str, Any]) -> None:
-        self._pool = pool
-        self.group = group
-        self.actor = actor
-        self.tokenizer = info["tokenizer"]
-        self.num_parameters = int(info["num_parameters"])
-        self.model_path = info["model_path"]
-        self.agents = tuple(info["agents"])
-        self.pid = int(info["pid"])
-        self.node = info["node"]
-        self.wants_messages = bool(info["wants_messages"])
-        self.trains = bool(info["trains"])
-        # Each group's worker is an actor of its own with its own model: rows of two groups never share a call.
-        self.mixed_batch_key: int | None = None
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._pool._get(self.actor.call.remote(method, *args, **kwargs), f"{self.group}.{method}")
-
-    @property
-    def weight_version(self) -> int:
-        return int(self._pool._get(self.actor.get.remote("weight_version"), f"{self.group}.weight_version"))
-
-    def generate(self, prompt_ids, sampling):
-        return self._call("generate", prompt_ids, sampling)
-
-    def generate_messages(self, messages, sampling):
-        return self._call("generate_messages", messages, sampling)
-
-    def generate_mixed(self, prompt_ids, sampling, workers):
-        """Never possible across actors (:attr:`mixed_batch_key` is ``None``).
-
-        Raises:
-            ValueError: always; call :meth:`generate` per group.
-        """
-        raise ValueError(
-            f"model group {self.group!r} lives in its own Ray actor; generate each group's rows with generate()"
-        )
-
-    @property
-    def usage(self) -> dict[str, float]:
-        return dict(self._pool._get(self.actor.get.remote("usage"), f"{self.group}.usage"))
-
-    def update(self, samples, advantages, **kwargs):
-        return self._call("update", samples, advantages, **kwargs)
-
-    def sync_weights(self) -> int:
-        return int(self._call("sync_weights"))
-
-    def save(self, folder: str) -> None:
-        self._call("save", str(Path(folder).resolve()))
-
-    def load(self, folder: str) -> None:
-        self._call("load", str(Path(folder).resolve()))
-
-    def load_weights(self, folder: str) -> None:
-        self._call("load_weights", str(Path(folder).resolve()))
-
-    def fingerprint(self) -> dict[str, Any]:
-        """:func:`parameter_fingerprint` of this group's policy, computed in the actor (no weights travel)."""
-        return self._pool._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
-
-    def close(self) -> None:
-        self._call("close")
 
 
 class RayPool:
@@ -386,7 +242,7 @@ class RayPool:
     def _start_actors(self, ray: Any, strategy_cls: Any) -> None:
         env_vars = {k: os.environ[k] for k in _PASSTHROUGH_ENV if k in os.environ}
         env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
-        actor_cls = ray.remote(_ModelGroupActor)
+        actor_cls = ray.remote(ModelGroupActor)
         refs = {}
         for name, g in self.resolved.model_groups.items():
             if g.num_gpus > 0 and getattr(g.backend_options, "gpu_ids", None):
@@ -427,19 +283,7 @@ class RayPool:
             logger.info("model group %r: actor pid %s on %s", name, info["pid"], info["node"])
 
     def _get(self, ref: Any, what: str, *, timeout: float | None = None) -> Any:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        timeout = self.call_timeout_s if timeout is None else timeout
-        try:
-            return ray.get(ref, timeout=timeout)
-        except GetTimeoutError as e:
-            raise TimeoutError(
-                f"Ray worker call {what} did not finish within {timeout:.0f}s (raise MAS_RAY_CALL_TIMEOUT / "
-                "MAS_RAY_START_TIMEOUT if the model is large)"
-            ) from e
-        except RayActorError as e:
-            raise RuntimeError(f"the Ray actor of {what.split('.')[0]} died during {what}: {e}") from e
+        return bounded_get(ref, what, self.call_timeout_s if timeout is None else timeout)
 
     # -- pool interface ----------------------------------------------------------------------------------
 

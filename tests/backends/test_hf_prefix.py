@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mas_train.backends.base import SamplingParams
-from mas_train.backends.hf import _MIN_SHARED_TOKENS, HFBackend
+from mas_train.backends.hf import HFBackend
+from mas_train.backends.hf.loop import _MIN_SHARED_TOKENS
 from mas_train.backends.testing import chat_prompt, reference_greedy, teacher_forced_logprobs
 
 

@@ -50,7 +50,6 @@ import dataclasses
 from typing import Any
 
 from mas_train.backends.options import SGLangEngineOptions, SGLangHTTPOptions
-from mas_train.backends.server import load_initial_adapter as _load_initial_adapter
 from mas_train.backends.sglang.engine import SGLangEngineBackend
 from mas_train.backends.sglang.http import SGLangHTTPBackend
 from mas_train.backends.sglang.wire import (
@@ -60,6 +59,7 @@ from mas_train.backends.sglang.wire import (
     write_hf_checkpoint,
     write_peft_adapter,
 )
+from mas_train.backends.weight_sync import load_initial_adapter as _load_initial_adapter
 
 __all__ = [
     "SGLANG_BACKEND_KWARGS",

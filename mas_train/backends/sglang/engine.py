@@ -11,12 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.server import (
-    LoRAAdapterSync,
-    named_tensor_list,
-    per_prompt_sampling,
-    validate_prompts,
-)
+from mas_train.backends.checks import named_tensor_list, per_prompt_sampling, validate_prompts
 from mas_train.backends.sglang.wire import (
     INSTALL_HINT,
     check_result,
@@ -26,6 +21,7 @@ from mas_train.backends.sglang.wire import (
     weight_buckets,
     write_hf_checkpoint,
 )
+from mas_train.backends.weight_sync import LoRAAdapterSync
 
 if TYPE_CHECKING:
     import torch

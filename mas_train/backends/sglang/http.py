@@ -12,20 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.server import (
-    HTTPServerClient,
-    LoRAAdapterSync,
-    named_tensor_list,
-    per_prompt_sampling,
-    start_server_process,
-    validate_prompts,
-)
+from mas_train.backends.checks import named_tensor_list, per_prompt_sampling, validate_prompts
+from mas_train.backends.server import HTTPServerClient, start_server_process
 from mas_train.backends.sglang.wire import (
     check_result,
     parse_sglang_outputs,
     to_sglang_sampling_params,
     write_hf_checkpoint,
 )
+from mas_train.backends.weight_sync import LoRAAdapterSync
 
 if TYPE_CHECKING:
     import httpx

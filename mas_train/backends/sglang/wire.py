@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
 
-# the request checks, checkpoint writers and LoRA sync live in mas_train.backends.server (shared with vllm_http);
-# re-exported here under the names the SGLang modules use
-from mas_train.backends.server import earliest_stop as _earliest_stop
-from mas_train.backends.server import write_hf_checkpoint, write_peft_adapter
+# the request checks live in mas_train.backends.checks, the checkpoint writers and LoRA sync in
+# mas_train.backends.weight_sync (shared with vllm_http); re-exported here under the names the SGLang modules use
+from mas_train.backends.checks import earliest_stop as _earliest_stop
+from mas_train.backends.weight_sync import write_hf_checkpoint, write_peft_adapter
 
 if TYPE_CHECKING:
     import torch

@@ -33,7 +33,6 @@ from __future__ import annotations
 from typing import Any
 
 from mas_train.backends.options import VLLMHTTPOptions
-from mas_train.backends.server import load_initial_adapter
 from mas_train.backends.vllm.http import VLLMHTTPBackend
 from mas_train.backends.vllm.wire import (
     VLLM_LORA_RANKS,
@@ -42,6 +41,7 @@ from mas_train.backends.vllm.wire import (
     parse_vllm_choice,
     to_vllm_request,
 )
+from mas_train.backends.weight_sync import load_initial_adapter
 
 __all__ = [
     "VLLM_LORA_RANKS",

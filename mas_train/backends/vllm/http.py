@@ -14,22 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.server import (
-    HTTPServerClient,
-    LoRAAdapterSync,
-    free_port,
-    named_tensor_list,
-    per_prompt_sampling,
-    start_server_process,
-    validate_prompts,
-    write_hf_checkpoint,
-)
+from mas_train.backends.checks import named_tensor_list, per_prompt_sampling, validate_prompts
+from mas_train.backends.server import HTTPServerClient, free_port, start_server_process
 from mas_train.backends.vllm.wire import (
     VLLM_SERVER_MODULE,
     find_vllm_python,
     parse_vllm_choice,
     to_vllm_request,
 )
+from mas_train.backends.weight_sync import LoRAAdapterSync, write_hf_checkpoint
 
 if TYPE_CHECKING:
     import httpx

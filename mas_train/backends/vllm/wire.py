@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
-from mas_train.backends.server import earliest_stop
+from mas_train.backends.checks import earliest_stop
 
 __all__ = [
     "SETUP_HINT",
