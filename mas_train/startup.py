@@ -179,6 +179,8 @@ def load_task_rows(what: str, loader: Callable[[], list[dict[str, Any]]]) -> lis
             else ""
         )
         detail = err.args[0] if isinstance(err, KeyError) and err.args else err
+        if not str(detail).strip():  # e.g. a bare StopIteration from a reader: say at least what went wrong
+            detail = f"could not be read ({type(err).__name__}); check that it holds task rows"
         raise ConfigError(f"{what}: {detail}{hint}") from None
     if not rows:
         raise ConfigError(f"{what}: no usable task rows")

@@ -44,7 +44,14 @@ def bad_files(tmp_path):
     no_question.write_text(json.dumps({"text": "1+1?", "label": "2"}) + "\n")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    return {"noq": str(no_question), "empty": str(empty), "missing": str(tmp_path / "missing.jsonl")}
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + '\n{"question": "2+2?", "answer": 4\n')
+    return {
+        "noq": str(no_question),
+        "empty": str(empty),
+        "broken": str(broken),
+        "missing": str(tmp_path / "missing.jsonl"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -54,7 +61,10 @@ def bad_files(tmp_path):
         (["--env_kwargs.max_loop", "3"], ["max_loop", "env_kwargs"]),
         (["--eval_data", "{missing}"], ["missing.jsonl"]),
         (["--train_data", "{noq}"], ["data_fields"]),
-        (["--train_data", "{empty}"], ["empty.jsonl"]),
+        (["--train_data", "{empty}"], ["empty.jsonl is empty"]),
+        (["--train_data", "{broken}"], ["broken.jsonl, line 2: not valid JSON"]),
+        (["--eval_data", "{broken}"], ["eval_data", "broken.jsonl, line 2"]),
+        (["--train_data", "gsm8k-trian"], ["did you mean 'gsm8k-train'"]),
         (["--max_steps", "ten"], ["max_steps"]),
         (["--grpo.repetition_penalty", "1.1"], ["repetition_penalty"]),
     ],
@@ -64,6 +74,9 @@ def bad_files(tmp_path):
         "missing-eval-data",
         "no-question-column",
         "empty-file",
+        "broken-jsonl-line",
+        "broken-eval-jsonl-line",
+        "misspelled-set-name",
         "bad-type",
         "unhonoured-grpo",
     ],
@@ -100,6 +113,8 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         (["--initial"], ["--checkpoint"]),
         (["--checkpoint", "{missing}"], ["missing"]),
         (["--data", "{noq}"], ["data_fields"]),
+        (["--data", "{broken}"], ["broken.jsonl, line 2: not valid JSON"]),
+        (["--data", "{empty}"], ["empty.jsonl is empty"]),
     ],
     ids=[
         "negative-num-tasks",
@@ -107,6 +122,8 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         "initial-without-checkpoint",
         "no-checkpoint",
         "no-question",
+        "broken-jsonl-line",
+        "empty-file",
     ],
 )
 def test_mas_eval_mistakes_are_one_error_line(argv, needles, bad_files, capsys):
