@@ -123,7 +123,9 @@ def test_broken_files_and_misspelled_names_are_one_clear_error(tmp_path):
     assert [t["question"] for t in load_tasks(tmp_path / "rows.json")] == ["a"]
     with pytest.raises(ValueError, match=r"unknown data set 'gsm8k-trian': did you mean 'gsm8k-train'"):
         load_tasks("gsm8k-trian")
-    with pytest.raises(FileNotFoundError, match=r"'no-such-thing' is not a named set \(gsm8k-test, gsm8k-train"):
+    with pytest.raises(
+        FileNotFoundError, match=r"'no-such-thing' is not a named set \(gsm8k-test, gsm8k-train"
+    ):
         load_tasks("no-such-thing")
 
 

@@ -45,7 +45,9 @@ def bad_files(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     broken = tmp_path / "broken.jsonl"
-    broken.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + '\n{"question": "2+2?", "answer": 4\n')
+    broken.write_text(
+        json.dumps({"question": "1+1?", "answer": "2"}) + '\n{"question": "2+2?", "answer": 4\n'
+    )
     return {
         "noq": str(no_question),
         "empty": str(empty),
