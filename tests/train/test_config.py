@@ -664,6 +664,16 @@ def test_a_frozen_plain_run_keeps_the_laptop_setting_without_its_adapter():
     assert parse_args(["--trainable", "false"]).lora is None
 
 
+def test_negative_numbers_in_any_notation_are_flag_values():
+    # Regression: `--learning_rate -1e-4` got argparse's "expected one argument" instead of our range check.
+    with pytest.raises(ConfigError, match=r"learning_rate must be >= 0, got -0.0001"):
+        parse_args(["--learning_rate", "-1e-4"])
+    cfg = parse_args(["--grpo.beta", "-1e-3", "--env_kwargs.offset", "-2.5E+1", "--seed", "-3"])
+    assert (cfg.grpo, cfg.env_kwargs, cfg.seed) == ({"beta": -0.001}, {"offset": -25.0}, -3)
+    with pytest.raises(ConfigError, match=r"temperature must be >= 0, got -0.01"):
+        parse_eval_args(["--model", "tiny-qwen3", "--temperature", "-1e-2"])
+
+
 def test_every_example_config_parses():
     import warnings
     from pathlib import Path
