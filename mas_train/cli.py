@@ -49,8 +49,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean the user asked for something impossible (never a bug in mas-rl)."""
     from mas_envs.registration import UnknownEnvError
     from mas_train.config import ConfigError
+    from mas_train.models import ModelNotFoundError
 
-    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError)
+    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError, ModelNotFoundError)
 
 
 def _run(prog: str, argv: list[str], body: Callable[[list[str]], Any]) -> int:
@@ -137,28 +138,13 @@ def _eval_config(ev):
 
 def _source(group, fresh: bool, weights) -> str:
     """Where a model group's turns come from in this evaluation, for the start-up lines."""
-    opts = group.backend_options
-    if group.backend == "openai":
-        return f"openai endpoint {opts.base_url} (model {opts.model})"
-    if group.backend in ("sglang_http", "vllm_http") and opts.url:
-        return f"{group.backend.split('_')[0]} server {opts.url}"
+    from mas_train.startup import group_source
+
+    if group.backend == "openai" or getattr(group.backend_options, "url", None):
+        return group_source(group)  # an endpoint or a server: no local weights
     if fresh or weights is None:
         return f"{group.model} (its own weights, backend {group.backend})"
     return f"the checkpoint's weights (backend {group.backend})"
-
-
-def _check_api_keys(resolved) -> None:
-    """An ``openai`` group whose API key variable is unset is a user mistake: say so before any model loads."""
-    from mas_train.config import ConfigError
-
-    for g, rg in resolved.model_groups.items():
-        env_var = getattr(rg.backend_options, "api_key_env", None) if rg.backend == "openai" else None
-        if env_var and not os.environ.get(env_var):
-            raise ConfigError(
-                f"model_groups.{g}: environment variable {env_var!r} (backend_options.api_key_env) is unset or "
-                f"empty; export the API key there, or pass --model_groups.{g}.backend_options.api_key_env null "
-                "for a server without authentication"
-            )
 
 
 def run_eval(ev, out=None) -> dict[str, float]:
@@ -174,7 +160,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
     from mas_train.eval import eval_sampling, evaluate
     from mas_train.pools import LocalPool
     from mas_train.rollout import RolloutCollector
-    from mas_train.startup import load_task_rows, make_env_factory, probe_env
+    from mas_train.startup import check_api_keys, check_models, load_task_rows, make_env_factory, probe_env
     from mas_train.tasks import NoEvalTasksError, eval_tasks
 
     out = out or sys.stdout
@@ -182,7 +168,8 @@ def run_eval(ev, out=None) -> dict[str, float]:
     factory = make_env_factory(cfg)
     probe = probe_env(cfg, factory)
     cfg, resolved, fresh = ev.apply_sources(cfg, list(probe.possible_agents))
-    _check_api_keys(resolved)
+    check_api_keys(resolved)
+    check_models(resolved)
     if weights is not None:
         saved = sorted(p.name for p in (weights / "groups").iterdir() if p.is_dir())
         if saved != sorted(resolved.model_groups):

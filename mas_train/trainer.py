@@ -341,7 +341,7 @@ def train(
     from mas_train.checkpoint import list_checkpoints, load_trainer_state
     from mas_train.config import LAPTOP_DEFAULTS
     from mas_train.progress import print_summary
-    from mas_train.startup import prepare, record_config
+    from mas_train.startup import group_source, prepare, record_config
     from mas_train.tracking import RunLogger
 
     out = out or sys.stdout
@@ -383,7 +383,7 @@ def train(
         what = (
             f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
         )
-        print(f"  model group {g.name!r}: {g.model} ({g.backend}) {what}", file=out)
+        print(f"  model group {g.name!r}: {group_source(g)} {what}", file=out)
     print(
         f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
         f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",

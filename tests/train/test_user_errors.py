@@ -69,6 +69,22 @@ def bad_files(tmp_path):
         (["--train_data", "gsm8k-trian"], ["did you mean 'gsm8k-train'"]),
         (["--max_steps", "ten"], ["max_steps"]),
         (["--grpo.repetition_penalty", "1.1"], ["repetition_penalty"]),
+        (["--grpo.loss_type", "foo"], ["grpo.loss_type must be one of", "'foo'"]),
+        (["--model", "does-not/exist"], ["'does-not/exist' is not a builtin", "hf download does-not/exist"]),
+        (["--model", "{missing_dir}"], ["no such folder"]),
+        (["--model", "tiny-qwen"], ["did you mean 'tiny-qwen3'?"]),
+        (
+            ["--model_sharing", "per_agent", "--agent_models", "solver=Qwen/Qwen3-4B,verifier=tiny-qwen3"],
+            ["model group 'solver' (solver)", "Qwen/Qwen3-4B", "not in the local Hugging Face cache"],
+        ),
+        (
+            ["--model", "tiny-qwen3", "--model_groups.shared.backend", "openai"]
+            + ["--model_groups.shared.trainable", "false"]
+            + ["--model_groups.shared.backend_options", "base_url=http://127.0.0.1:9/v1,model=m"],
+            ["OPENAI_API_KEY", "api_key_env"],
+        ),
+        (["--num_generations", "1"], ["num_generations must be >= 2"]),
+        (["--trainable", "false", "--lora.r", "8"], ["every model group is frozen"]),
     ],
     ids=[
         "unknown-env",
@@ -81,9 +97,21 @@ def bad_files(tmp_path):
         "misspelled-set-name",
         "bad-type",
         "unhonoured-grpo",
+        "bad-loss-type",
+        "hub-model-not-there",
+        "local-model-folder-not-there",
+        "mistyped-builtin",
+        "readme-agent-models-offline",
+        "openai-without-key",
+        "one-generation",
+        "lora-on-frozen-run",
     ],
 )
-def test_user_mistakes_are_one_error_line_before_any_model_loads(argv, needles, bad_files, tmp_path, capsys):
+def test_user_mistakes_are_one_error_line_before_any_model_loads(
+    argv, needles, bad_files, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    bad_files = {**bad_files, "missing_dir": str(tmp_path / "no-model-here")}
     argv = [a.format(**bad_files) for a in argv] + ["--output_dir", str(tmp_path / "runs")]
     _assert_user_error(*_run(train_main, argv, capsys), *needles)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("checkpoints"))
@@ -117,6 +145,7 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         (["--data", "{noq}"], ["data_fields"]),
         (["--data", "{broken}"], ["broken.jsonl, line 2: not valid JSON"]),
         (["--data", "{empty}"], ["empty.jsonl is empty"]),
+        (["--model", "{missing_dir}"], ["no such folder"]),
     ],
     ids=[
         "negative-num-tasks",
@@ -126,10 +155,13 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         "no-question",
         "broken-jsonl-line",
         "empty-file",
+        "local-model-folder-not-there",
     ],
 )
-def test_mas_eval_mistakes_are_one_error_line(argv, needles, bad_files, capsys):
-    argv = [a.format(**bad_files) for a in argv] + ["--model", "tiny-qwen3"] * ("--checkpoint" not in argv)
+def test_mas_eval_mistakes_are_one_error_line(argv, needles, bad_files, capsys, tmp_path):
+    bad_files = {**bad_files, "missing_dir": str(tmp_path / "no-model-here")}
+    given = "--checkpoint" in argv or "--model" in argv
+    argv = [a.format(**bad_files) for a in argv] + ["--model", "tiny-qwen3"] * (not given)
     if "--initial" in argv:
         argv.remove("--model")
         argv.remove("tiny-qwen3")
