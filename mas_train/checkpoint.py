@@ -13,6 +13,10 @@ Layout (``<run_dir>/checkpoints/step-000010/``)::
     trainer_state.json                  the same minus RNG, human-readable
     config.yaml                         the run's TrainConfig
 
+A run that has done all its work (its last step, the final evaluation when evaluation is on, its plots) writes
+``<run_dir>/complete.json`` (``{"step": N}``) last: a run killed during its final evaluation has its last
+checkpoint but not that file, and ``--resume`` then runs only what is missing (:func:`completed_step`).
+
 The folder is first written as ``step-000010.tmp-<pid>`` and renamed when complete, so a run killed while
 saving never leaves a folder that looks finished; :func:`find_checkpoint` ignores ``.tmp`` folders.
 """
@@ -33,10 +37,13 @@ import torch
 
 __all__ = [
     "CHECKPOINTS",
+    "completed_step",
     "find_checkpoint",
     "list_checkpoints",
     "load_trainer_state",
+    "mark_complete",
     "prune_checkpoints",
+    "remove_if_empty",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
@@ -83,6 +90,40 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     return final
+
+
+COMPLETE = "complete.json"
+
+
+def mark_complete(run_dir: str | Path, step: int) -> Path:
+    """Record that the run finished everything for ``step`` (training to it, its final evaluation, its plots):
+    ``<run_dir>/complete.json``, written through a temporary file and a rename. Returns the file."""
+    path = Path(run_dir) / COMPLETE
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"step": int(step)}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def completed_step(run_dir: str | Path) -> int | None:
+    """The step :func:`mark_complete` recorded for ``run_dir``, or ``None`` (never finished, or killed before its
+    final evaluation and plots were done)."""
+    path = Path(run_dir) / COMPLETE
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remove_if_empty(folder: str | Path) -> None:
+    """Remove ``folder`` and then its parent when they are empty directories (e.g. the output folder
+    transformers' ``Trainer`` creates although nothing of a run is ever written there)."""
+    folder = Path(folder)
+    for f in (folder, folder.parent):
+        try:
+            f.rmdir()  # only succeeds on an empty directory
+        except OSError:
+            return
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -68,12 +68,16 @@ def _run(prog: str, argv: list[str], body: Callable[[list[str]], Any]) -> int:
         if not debug:
             print(f"{prog}: (run with --debug for the traceback)", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        if prog == "mas-train":
-            print(
-                "mas-train: interrupted; continue from the last checkpoint with --resume <run folder>",
-                file=sys.stderr,
-            )
+    except KeyboardInterrupt as err:
+        run_dir, ckpt = getattr(err, "run_dir", None), getattr(err, "checkpoint", None)
+        if prog == "mas-train" and run_dir is not None:
+            if ckpt is not None:
+                msg = f"interrupted; continue from its last checkpoint ({ckpt.name}) with --resume {run_dir}"
+            else:
+                msg = f"interrupted before its first checkpoint, so there is nothing to resume in {run_dir}"
+            print(f"mas-train: {msg}", file=sys.stderr)
+        else:
+            print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return 0
 

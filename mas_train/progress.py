@@ -50,9 +50,26 @@ def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:
     return ", ".join(parts)
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def print_summary(s: Mapping[str, Any], out) -> None:
     last, ev, first = s["last"], s["eval"], s.get("first_eval") or {}
-    print(f"\nmas-train finished {s['steps']} steps in {s['wall_seconds'] / 60:.1f} min", file=out)
+    minutes = f"{s['wall_seconds'] / 60:.1f} min"
+    start, end, ran = s.get("start_step", 0), s["steps"], s.get("steps_run", s["steps"])
+    if s.get("finished_only") and not ran:
+        print(
+            f"\nmas-train finished the run at step {end} (its final evaluation and plots) in {minutes}",
+            file=out,
+        )
+    elif start:
+        print(
+            f"\nmas-train finished {_steps(ran)} (resumed at step {start}, now at step {end}) in {minutes}",
+            file=out,
+        )
+    else:
+        print(f"\nmas-train finished {_steps(ran)} in {minutes}", file=out)
     if last:
         print(
             f"  last step: reward {last.get('charts/reward', float('nan')):.3f}, "

@@ -167,6 +167,9 @@ class GroupGRPOTrainer(GRPOTrainer):
             train_dataset=Dataset.from_dict({"prompt": ["unused"]}),
             processing_class=tokenizer,
         )
+        from mas_train.checkpoint import remove_if_empty
+
+        remove_if_empty(args.output_dir)  # Trainer makes it; nothing of ours is written there
         args.beta = beta
         self.beta = beta
         if beta != 0.0 and not self._ref_is_base:
