@@ -135,9 +135,12 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs") -> Path:
-    """Resolve ``--resume``: a checkpoint folder, a run folder (its newest checkpoint), or ``"latest"`` (the
-    newest checkpoint of any run under ``output_dir``).
+def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs", *, flag: str = "--resume") -> Path:
+    """Resolve ``--resume`` (or ``mas-eval --checkpoint``): a checkpoint folder, a run folder (its newest
+    checkpoint), or ``"latest"`` (the newest checkpoint of any run under ``output_dir``).
+
+    Args:
+        flag: the flag the messages name.
 
     Raises:
         FileNotFoundError: nothing to resume from; the message says where it looked.
@@ -148,7 +151,7 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs") -> Path:
         candidates = [c for r in runs for c in list_checkpoints(r)[-1:]]
         if not candidates:
             raise FileNotFoundError(
-                f"--resume latest: no checkpoint under {Path(output_dir).resolve()}/*/{CHECKPOINTS}"
+                f"{flag} latest: no checkpoint under {Path(output_dir).resolve()}/*/{CHECKPOINTS}"
             )
         return max(candidates, key=lambda c: (c / "trainer_state.pt").stat().st_mtime)
     path = Path(spec_s).expanduser()
@@ -158,7 +161,7 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs") -> Path:
     if ckpts:
         return ckpts[-1]
     raise FileNotFoundError(
-        f"--resume {spec_s}: not a checkpoint folder (no trainer_state.pt) and not a run folder with "
+        f"{flag} {spec_s}: not a checkpoint folder (no trainer_state.pt) and not a run folder with "
         f"{CHECKPOINTS}/step-*; pass a folder like runs/<run>/{CHECKPOINTS}/step-000010, a run folder, or 'latest'"
     )
 

@@ -118,7 +118,7 @@ def _eval_config(ev):
     from mas_train.config import TrainConfig
 
     if ev.checkpoint:
-        ckpt = find_checkpoint(ev.checkpoint, ev.output_dir)
+        ckpt = find_checkpoint(ev.checkpoint, ev.output_dir, flag="--checkpoint")
         if not (ckpt / "config.yaml").is_file():
             raise FileNotFoundError(f"checkpoint {ckpt} has no config.yaml")
         cfg = dataclasses.replace(TrainConfig.from_yaml(ckpt / "config.yaml"), resume=None)
@@ -182,9 +182,10 @@ def run_eval(ev, out=None) -> dict[str, float]:
             raise ConfigError(
                 f"checkpoint groups {saved} do not match the config's {list(resolved.model_groups)}"
             )
+    k, num_tasks = ev.evaluation_size(cfg)
     try:
         tasks = load_task_rows(
-            f"evaluation data {cfg.eval_data!r}", lambda: eval_tasks(cfg, probe, limit=ev.num_tasks)
+            f"evaluation data {cfg.eval_data!r}", lambda: eval_tasks(cfg, probe, limit=num_tasks)
         )
     except NoEvalTasksError as err:
         from mas_train.config import ConfigError
@@ -192,7 +193,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
         raise ConfigError(f"{err} (mas-eval: pass --data)") from None
     label = str(ckpt) + (" (initial weights)" if ev.initial else "") if ckpt is not None else cfg.model
     print(
-        f"mas-eval: {label} on {len(tasks)} tasks of {cfg.eval_data or 'the env eval set'}, k={ev.k}",
+        f"mas-eval: {label} on {len(tasks)} tasks of {cfg.eval_data or 'the env eval set'}, k={k}",
         file=out,
     )
     if ev.model_groups or ev.agents:
@@ -220,7 +221,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
             metrics = evaluate(
                 collector,
                 tasks,
-                k=ev.k,
+                k=k,
                 sampling=eval_sampling(
                     resolved, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens
                 ),

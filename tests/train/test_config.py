@@ -824,10 +824,25 @@ def test_eval_config_parses_the_mas_eval_flags():
     assert parse_eval_args(["--checkpoint", "runs/x", "--initial"]).initial is True
 
 
+def test_mas_eval_of_a_checkpoint_defaults_to_the_runs_evaluation_size():
+    # Regression: on a run that evaluated 2 tasks x k=2, `mas-eval --checkpoint RUN` ran all 1319 tasks x k=4.
+    run = TrainConfig(eval_k=2, eval_num_tasks=3)
+    assert parse_eval_args(["--checkpoint", "r"]).evaluation_size(run) == (2, 3)
+    assert parse_eval_args(["--checkpoint", "r", "--k", "5", "--num_tasks", "0"]).evaluation_size(run) == (
+        5,
+        None,
+    )
+    assert parse_eval_args(["--checkpoint", "r", "--data", "math500"]).evaluation_size(run) == (2, None)
+    assert parse_eval_args(["--model", "m"]).evaluation_size(run) == (
+        4,
+        None,
+    )  # no run: the defaults, all tasks
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--num_tasks", "-1"], r"^num_tasks must be >= 1 or None, got -1$"),
+        (["--num_tasks", "-1"], r"^num_tasks must be >= 0 or None, got -1$"),
         (["--tasks_per_batch", "0"], r"^tasks_per_batch must be >= 1, got 0$"),
         (["--checkpoint", "a", "--model", "b"], "not both"),
         (["--initial"], "give --checkpoint"),

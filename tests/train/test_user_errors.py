@@ -141,7 +141,8 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         (["--num_tasks", "-1"], ["num_tasks"]),
         (["--tasks_per_batch", "0"], ["tasks_per_batch"]),
         (["--initial"], ["--checkpoint"]),
-        (["--checkpoint", "{missing}"], ["missing"]),
+        (["--checkpoint", "{missing}"], ["--checkpoint", "missing", "not a checkpoint folder"]),
+        (["--checkpoint", "latest", "--output_dir", "{missing}"], ["--checkpoint latest: no checkpoint"]),
         (["--data", "{noq}"], ["data_fields"]),
         (["--data", "{broken}"], ["broken.jsonl, line 2: not valid JSON"]),
         (["--data", "{empty}"], ["empty.jsonl is empty"]),
@@ -152,6 +153,7 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         "zero-tasks-per-batch",
         "initial-without-checkpoint",
         "no-checkpoint",
+        "no-checkpoint-latest",
         "no-question",
         "broken-jsonl-line",
         "empty-file",
@@ -165,7 +167,9 @@ def test_mas_eval_mistakes_are_one_error_line(argv, needles, bad_files, capsys, 
     if "--initial" in argv:
         argv.remove("--model")
         argv.remove("tiny-qwen3")
-    _assert_user_error(*_run(eval_main, argv, capsys), *needles, prog="mas-eval")
+    code, out, err, seconds = _run(eval_main, argv, capsys)
+    _assert_user_error(code, out, err, seconds, *needles, prog="mas-eval")
+    assert "--resume" not in err  # mas-eval has no --resume flag
 
 
 # -- one run, resumed and evaluated -------------------------------------------------------------------------------
@@ -202,10 +206,10 @@ def test_mas_eval_of_the_last_checkpoint_reproduces_the_last_training_eval(tiny_
     evals = [r for r in records if "eval/avg@2" in r]
     assert [r["step"] for r in evals] == [0, 1]  # before the first update, and at the end
     out_file = tmp_path / "eval.json"
-    code = eval_main(
-        ["--checkpoint", str(tiny_run), "--num_tasks", "1", "--k", "2", "--output", str(out_file)]
-    )
+    # no --num_tasks / --k: the run's own evaluation settings (it evaluated 1 task x k=2; the env's set has more)
+    code = eval_main(["--checkpoint", str(tiny_run), "--output", str(out_file)])
     assert code == 0
+    assert "on 1 tasks of the env eval set, k=2" in capsys.readouterr().out
     got = json.loads(out_file.read_text())
     for key in ("eval/avg@2", "eval/pass@2", "eval/reward", "eval/invalid_rate"):
         assert got[key] == evals[-1][key], key
