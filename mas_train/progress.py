@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["bar_text", "off_the_clock", "print_summary"]
+__all__ = ["bar_text", "off_the_clock", "print_banner", "print_summary"]
 
 # The keys the progress bar shows, when present.
 _BAR_KEYS = (("charts/reward", "R"), ("charts/invalid_rate", "inv"))
@@ -34,6 +34,43 @@ def bar_text(metrics: Mapping[str, float], agents: Sequence[str]) -> str:
         if v is not None:
             parts.append(f"gn[{a}]={v:.3g}")
     return " ".join(parts)
+
+
+def print_banner(plan: Any, out) -> None:
+    """The start-up lines of ``mas-train`` for a :class:`~mas_train.startup.RunPlan`: env, agents and run folder,
+    each model group's source and what it trains, the budget, the data, resumed changes and warnings."""
+    from mas_train.config import LAPTOP_DEFAULTS
+    from mas_train.startup import group_source
+
+    cfg, resolved, run_dir = plan.config, plan.resolved, plan.run_dir
+    agents = list(resolved.agents)
+    print(f"mas-train: env {cfg.env} | agents {', '.join(agents)} | run {run_dir}", file=out)
+    for g in resolved.model_groups.values():
+        how = "LoRA adapter" if g.lora else "all weights"
+        what = (
+            f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
+        )
+        print(f"  model group {g.name!r}: {group_source(g)} {what}", file=out)
+    print(
+        f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
+        f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",
+        file=out,
+    )
+    print(
+        f"  tasks: {cfg.train_data or 'the env default'}; eval: {cfg.eval_data or 'the env default'}",
+        file=out,
+    )
+    if cfg.train_data is not None and cfg.train_data == LAPTOP_DEFAULTS.get(cfg.env, {}).get("train_data"):
+        print(
+            "  (the laptop setting of a plain run: mas_train/config/common.py LAPTOP_DEFAULTS; name tasks, e.g. "
+            "--train_data gsm8k-train, or a model for the paper's prompts and data)",
+            file=out,
+        )
+    for k, (old, new) in plan.changes.items():
+        print(f"  resumed with {k} changed: {old!r} -> {new!r}", file=out)
+    for w in plan.warnings:
+        print(f"  warning: {w}", file=out)
+    out.flush()
 
 
 def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:

@@ -323,20 +323,6 @@ class MultiGroupTrainer:
         self.pool.shutdown()
 
 
-def _first_eval_of(run_dir: Path) -> dict[str, float]:
-    """The first evaluation line of a run's ``metrics.jsonl`` (a resumed run's "before")."""
-    from mas_train.tracking import read_jsonl
-
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    for rec in read_jsonl(path):
-        ev = {k: v for k, v in rec.items() if k.startswith("eval/")}
-        if ev:
-            return ev
-    return {}
-
-
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during :func:`train`, after the run folder was fixed: ``mas-train`` says how to continue it.
 
@@ -349,29 +335,6 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(str(run_dir))
         self.run_dir = Path(run_dir)
         self.checkpoint = checkpoint
-
-
-def _eval_logged_at(run_dir: Path, step: int) -> bool:
-    """Whether ``metrics.jsonl`` has an evaluation line at ``step``."""
-    from mas_train.tracking import read_jsonl
-
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return False
-    return any(
-        int(r.get("step", -1)) == step and any(k.startswith("eval/") for k in r) for r in read_jsonl(path)
-    )
-
-
-def _last_eval_of(run_dir: Path) -> dict[str, float]:
-    """The last evaluation line of a run's ``metrics.jsonl`` (``{}`` without one)."""
-    from mas_train.tracking import read_jsonl
-
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in read_jsonl(path)]
-    return next((e for e in reversed(evals) if e), {})
 
 
 def train(
@@ -404,7 +367,6 @@ def train(
 
     out = out or sys.stdout
     t_start = time.perf_counter()
-
     plan = prepare(cfg, env_factory=env_factory)
     run_dir = plan.run_dir
     try:
@@ -418,10 +380,9 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from mas_train.checkpoint import completed_step, list_checkpoints, load_trainer_state, mark_complete
-    from mas_train.config import LAPTOP_DEFAULTS
-    from mas_train.progress import print_summary
-    from mas_train.startup import evaluation_on, group_source, record_config
-    from mas_train.tracking import RunLogger
+    from mas_train.progress import print_banner, print_summary
+    from mas_train.startup import evaluation_on, record_config
+    from mas_train.tracking import RunLogger, eval_logged_at, first_eval, last_eval
 
     cfg, resolved, run_dir, ckpt = plan.config, plan.resolved, plan.run_dir, plan.checkpoint
     summary: dict[str, Any] = {
@@ -429,15 +390,9 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
         "metrics_file": str(run_dir / "metrics.jsonl") if "jsonl" in cfg.report_to else None,
         "tensorboard_dir": str(run_dir / "tb") if "tensorboard" in cfg.report_to else None,
         "checkpoint": str(ckpt) if ckpt else None,
-        "steps": 0,
-        "steps_run": 0,
-        "start_step": 0,
-        "last": {},
-        "eval": {},
-        "first_eval": {},
-        "plots": [],
-        "already_complete": False,
-        "finished_only": False,
+        **dict.fromkeys(("steps", "steps_run", "start_step"), 0),
+        **{"last": {}, "eval": {}, "first_eval": {}, "plots": []},
+        **dict.fromkeys(("already_complete", "finished_only"), False),
     }
     finishing = False
     if ckpt is not None:
@@ -459,7 +414,7 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
                     "already_complete": True,
                 }
             finishing = True
-            missing = evaluation_on(cfg) and not ("jsonl" in cfg.report_to and _eval_logged_at(run_dir, step))
+            missing = evaluation_on(cfg) and not ("jsonl" in cfg.report_to and eval_logged_at(run_dir, step))
             print(
                 f"mas-train: run {run_dir} trained to step {step} but did not finish "
                 + ("its final evaluation: running it now" if missing else "(its plots): drawing them now"),
@@ -470,8 +425,8 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
                 summary.update(
                     steps=step,
                     finished_only=True,
-                    eval=_last_eval_of(run_dir),
-                    first_eval=_first_eval_of(run_dir),
+                    eval=last_eval(run_dir),
+                    first_eval=first_eval(run_dir),
                     plots=[str(p) for p in _plots(run_dir, cfg)],
                     wall_seconds=time.perf_counter() - t_start,
                 )
@@ -479,34 +434,7 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
                 print_summary(summary, out)
                 return summary
 
-    agents = list(resolved.agents)
-    print(f"mas-train: env {cfg.env} | agents {', '.join(agents)} | run {run_dir}", file=out)
-    for g in resolved.model_groups.values():
-        how = "LoRA adapter" if g.lora else "all weights"
-        what = (
-            f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
-        )
-        print(f"  model group {g.name!r}: {group_source(g)} {what}", file=out)
-    print(
-        f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
-        f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",
-        file=out,
-    )
-    print(
-        f"  tasks: {cfg.train_data or 'the env default'}; eval: {cfg.eval_data or 'the env default'}",
-        file=out,
-    )
-    if cfg.train_data is not None and cfg.train_data == LAPTOP_DEFAULTS.get(cfg.env, {}).get("train_data"):
-        print(
-            "  (the laptop setting of a plain run: mas_train/config/common.py LAPTOP_DEFAULTS; name tasks, e.g. "
-            "--train_data gsm8k-train, or a model for the paper's prompts and data)",
-            file=out,
-        )
-    for k, (old, new) in plan.changes.items():
-        print(f"  resumed with {k} changed: {old!r} -> {new!r}", file=out)
-    for w in plan.warnings:
-        print(f"  warning: {w}", file=out)
-    out.flush()
+    print_banner(plan, out)
 
     live_bar = progress and _is_terminal(sys.stderr)
 
@@ -531,7 +459,7 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
             say(f"  loading checkpoint {ckpt.name}…")
             trainer.load_checkpoint(ckpt)
             print(f"  resumed from {ckpt} at step {trainer.step}", file=out)
-            trainer.first_eval = _first_eval_of(run_dir)
+            trainer.first_eval = first_eval(run_dir)
         start_step = trainer.step
         nxt = (
             f"the final evaluation of step {trainer.step} starts"
