@@ -11,7 +11,7 @@ Importing this package is light: it never imports torch, transformers, faiss or 
 """
 
 from mas_envs import envs as _envs  # noqa: F401  (registers the built-in envs)
-from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, UnicodeText
+from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, TextObservation, Transition, UnicodeText
 from mas_envs.registration import UnknownEnvError, make, pprint_registry, register, registry, spec
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Outcome",
     "TextAECEnv",
     "Transition",
+    "TextObservation",
     "UnicodeText",
     "UnknownEnvError",
     "make",

@@ -84,6 +84,7 @@ __all__ = [
     "Outcome",
     "TextAECEnv",
     "Transition",
+    "TextObservation",
     "UnicodeText",
     "messages_to_text",
     "wrap",
@@ -152,6 +153,19 @@ class UnicodeText(spaces.Text):
 
     def __repr__(self) -> str:
         return f"UnicodeText(max_length={self.max_length}, fragments={len(self.fragments)})"
+
+
+class TextObservation(str):
+    """An observation: a plain `str` (every string operation, `==`, hashing, JSON and pickling are `str`'s)
+    that also carries `dtype`, NumPy's dtype of Python text, `numpy.dtype(str)`.
+
+    `dtype` equals the `dtype` Gymnasium gives every `Text` space (`UnicodeText` included), so code that checks
+    an observation against its space by dtype, as PettingZoo's `api_test` does
+    (`observation_space.dtype == observation.dtype`), sees a text observation of a text space.
+    """
+
+    __slots__ = ()
+    dtype: np.dtype = np.dtype(str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,9 +518,10 @@ class TextAECEnv(AECEnv[str, str, str]):
         self.agent_selection = first
         self._refresh_infos()
 
-    def observe(self, agent: str) -> str:
-        """The agent's full prompt (its chat messages joined by `messages_to_text`)."""
-        return messages_to_text(self.prompt_messages(agent))
+    def observe(self, agent: str) -> TextObservation:
+        """The agent's full prompt (its chat messages joined by `messages_to_text`), a `str`
+        (`TextObservation`: with the `dtype` of its `UnicodeText` space)."""
+        return TextObservation(messages_to_text(self.prompt_messages(agent)))
 
     def step(self, action: str | None) -> None:
         """Apply the selected agent's text action (`None` only for a terminated or truncated agent).

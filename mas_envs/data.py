@@ -27,6 +27,7 @@ Sets whose licence is unclear (AIME, AMC) are not bundled: load them from a path
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import importlib
 import json
@@ -187,9 +188,12 @@ def load_tasks(
     reward would be 0); from a file or hub id that warns with the count.
 
     Raises:
-        FileNotFoundError: `source` looks like a path (has a suffix or a separator) but does not exist.
+        FileNotFoundError: `source` looks like a path (has a suffix or a separator) but does not exist, or it
+            is neither a named set nor a hub data set that can be loaded (the message lists the named sets).
         KeyError: rows lack a question or answer field.
-        ValueError: `limit` is negative, or an rg: spec is malformed (unknown generator or parameter).
+        ValueError: `limit` is negative, an rg: spec is malformed (unknown generator or parameter), a bare name
+            close to a named set (a typo: the message suggests the set), an empty file, a JSONL line that is
+            not one JSON object (the message names the line), or a file the reader cannot read.
         ImportError: an rg: spec without reasoning-gym installed.
     """
     if limit is not None and limit < 0:
@@ -220,17 +224,39 @@ def load_tasks(
         )
         return tasks[:limit] if limit is not None else tasks
     path = Path(source).expanduser()
+    if not path.exists():
+        if path.suffix or "\\" in source or source.startswith((".", "/", "~")):
+            raise FileNotFoundError(f"no such data file: {path} (bundled sets: {sorted(BUNDLED)})")
+        if "/" not in source:
+            # Hub data sets are named owner/name; a bare name close to one of ours is a typo of it, not a hub id.
+            near = difflib.get_close_matches(source, _named_sets(), n=3, cutoff=0.6)
+            if near:
+                raise ValueError(
+                    f"unknown data set {source!r}: did you mean {', '.join(repr(n) for n in near)}? Named sets: "
+                    f"{', '.join(_named_sets())}; or give a file path, a procedural spec (rg:...) or a hub id"
+                )
     import datasets  # heavy (pyarrow, pandas): imported only when a file or hub id is loaded
 
     if path.exists():
         suffixes = [s for s in path.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
         builder = "parquet" if suffixes and suffixes[-1] == ".parquet" else "json"
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+        if builder == "json":
+            _check_json_file(path, jsonl=not suffixes or suffixes[-1] != ".json")
+        try:
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+        except datasets.exceptions.DatasetGenerationError as err:
+            cause = err.__cause__ or err
+            raise ValueError(f"{path}: the {builder} reader could not read it ({cause})") from None
         name = path.name.split(".")[0]
-    elif path.suffix or "\\" in source or source.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"no such data file: {path} (bundled sets: {sorted(BUNDLED)})")
     else:
-        ds = datasets.load_dataset(source, split=split)
+        try:
+            ds = datasets.load_dataset(source, split=split)
+        except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
+            raise FileNotFoundError(
+                f"data set {source!r} is not a named set ({', '.join(_named_sets())}), a local file or a "
+                f"procedural spec (rg:...), and loading it as a Hugging Face hub data set failed: "
+                f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            ) from None
         name = source
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
@@ -251,6 +277,50 @@ def load_tasks(
             stacklevel=2,
         )
     return tasks
+
+
+def _named_sets() -> list[str]:
+    return sorted({*BUNDLED, *TASK_LOADERS})
+
+
+def _check_json_file(path: Path, *, jsonl: bool) -> None:
+    """Refuse an empty JSON(L) file, or a JSONL file with a line that is not one JSON object, naming the line
+    (the ``datasets`` reader reports either as a long traceback without the file's line number).
+
+    Args:
+        path: the file (``.gz`` read decompressed).
+        jsonl: the file is JSON Lines; with ``False`` (a ``.json`` file) a file that parses as one JSON document
+            is accepted as it is, and only a file that does not is checked line by line.
+
+    Raises:
+        ValueError: the message names the file, and the line and column for a broken line.
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    if not text.strip():
+        raise ValueError(f"{path} is empty: it holds no task rows (one JSON object per line)")
+    if not jsonl:
+        try:
+            json.loads(text)
+            return
+        except json.JSONDecodeError:
+            pass
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}, line {n}: not valid JSON ({err.msg}, column {err.colno}); a JSONL file holds one JSON "
+                "object per line"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"{path}, line {n}: a JSON {type(row).__name__}, not an object; a JSONL file holds one JSON "
+                'object per line, e.g. {"question": "...", "answer": "..."}'
+            )
 
 
 def _question_key(q: Any) -> str:

@@ -13,6 +13,10 @@ Layout (``<run_dir>/checkpoints/step-000010/``)::
     trainer_state.json                  the same minus RNG, human-readable
     config.yaml                         the run's TrainConfig
 
+A run that has done all its work (its last step, the final evaluation when evaluation is on, its plots) writes
+``<run_dir>/complete.json`` (``{"step": N}``) last: a run killed during its final evaluation has its last
+checkpoint but not that file, and ``--resume`` then runs only what is missing (:func:`completed_step`).
+
 The folder is first written as ``step-000010.tmp-<pid>`` and renamed when complete, so a run killed while
 saving never leaves a folder that looks finished; :func:`find_checkpoint` ignores ``.tmp`` folders.
 """
@@ -33,10 +37,13 @@ import torch
 
 __all__ = [
     "CHECKPOINTS",
+    "completed_step",
     "find_checkpoint",
     "list_checkpoints",
     "load_trainer_state",
+    "mark_complete",
     "prune_checkpoints",
+    "remove_if_empty",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
@@ -85,6 +92,40 @@ def save_checkpoint(
     return final
 
 
+COMPLETE = "complete.json"
+
+
+def mark_complete(run_dir: str | Path, step: int) -> Path:
+    """Record that the run finished everything for ``step`` (training to it, its final evaluation, its plots):
+    ``<run_dir>/complete.json``, written through a temporary file and a rename. Returns the file."""
+    path = Path(run_dir) / COMPLETE
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"step": int(step)}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def completed_step(run_dir: str | Path) -> int | None:
+    """The step :func:`mark_complete` recorded for ``run_dir``, or ``None`` (never finished, or killed before its
+    final evaluation and plots were done)."""
+    path = Path(run_dir) / COMPLETE
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remove_if_empty(folder: str | Path) -> None:
+    """Remove ``folder`` and then its parent when they are empty directories (e.g. the output folder
+    transformers' ``Trainer`` creates although nothing of a run is ever written there)."""
+    folder = Path(folder)
+    for f in (folder, folder.parent):
+        try:
+            f.rmdir()  # only succeeds on an empty directory
+        except OSError:
+            return
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first."""
     root = Path(run_dir) / CHECKPOINTS
@@ -94,9 +135,12 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs") -> Path:
-    """Resolve ``--resume``: a checkpoint folder, a run folder (its newest checkpoint), or ``"latest"`` (the
-    newest checkpoint of any run under ``output_dir``).
+def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs", *, flag: str = "--resume") -> Path:
+    """Resolve ``--resume`` (or ``mas-eval --checkpoint``): a checkpoint folder, a run folder (its newest
+    checkpoint), or ``"latest"`` (the newest checkpoint of any run under ``output_dir``).
+
+    Args:
+        flag: the flag the messages name.
 
     Raises:
         FileNotFoundError: nothing to resume from; the message says where it looked.
@@ -107,7 +151,7 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs") -> Path:
         candidates = [c for r in runs for c in list_checkpoints(r)[-1:]]
         if not candidates:
             raise FileNotFoundError(
-                f"--resume latest: no checkpoint under {Path(output_dir).resolve()}/*/{CHECKPOINTS}"
+                f"{flag} latest: no checkpoint under {Path(output_dir).resolve()}/*/{CHECKPOINTS}"
             )
         return max(candidates, key=lambda c: (c / "trainer_state.pt").stat().st_mtime)
     path = Path(spec_s).expanduser()
@@ -117,7 +161,7 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs") -> Path:
     if ckpts:
         return ckpts[-1]
     raise FileNotFoundError(
-        f"--resume {spec_s}: not a checkpoint folder (no trainer_state.pt) and not a run folder with "
+        f"{flag} {spec_s}: not a checkpoint folder (no trainer_state.pt) and not a run folder with "
         f"{CHECKPOINTS}/step-*; pass a folder like runs/<run>/{CHECKPOINTS}/step-000010, a run folder, or 'latest'"
     )
 

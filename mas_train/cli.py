@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,7 +62,7 @@ def _eval_config(ev):
     from mas_train.config import TrainConfig
 
     if ev.checkpoint:
-        ckpt = find_checkpoint(ev.checkpoint, ev.output_dir)
+        ckpt = find_checkpoint(ev.checkpoint, ev.output_dir, flag="--checkpoint")
         if not (ckpt / "config.yaml").is_file():
             raise FileNotFoundError(f"checkpoint {ckpt} has no config.yaml")
         cfg = dataclasses.replace(TrainConfig.from_yaml(ckpt / "config.yaml"), resume=None)
@@ -87,28 +86,13 @@ def _eval_config(ev):
 
 def _source(group, fresh: bool, weights) -> str:
     """Where a model group's turns come from in this evaluation, for the start-up lines."""
-    opts = group.backend_options
-    if group.backend == "openai":
-        return f"openai endpoint {opts.base_url} (model {opts.model})"
-    if group.backend in ("sglang_http", "vllm_http") and opts.url:
-        return f"{group.backend.split('_')[0]} server {opts.url}"
+    from mas_train.startup import group_source
+
+    if group.backend == "openai" or getattr(group.backend_options, "url", None):
+        return group_source(group)  # an endpoint or a server: no local weights
     if fresh or weights is None:
         return f"{group.model} (its own weights, backend {group.backend})"
     return f"the checkpoint's weights (backend {group.backend})"
-
-
-def _check_api_keys(resolved) -> None:
-    """An ``openai`` group whose API key variable is unset is a user mistake: say so before any model loads."""
-    from mas_train.config import ConfigError
-
-    for g, rg in resolved.model_groups.items():
-        env_var = getattr(rg.backend_options, "api_key_env", None) if rg.backend == "openai" else None
-        if env_var and not os.environ.get(env_var):
-            raise ConfigError(
-                f"model_groups.{g}: environment variable {env_var!r} (backend_options.api_key_env) is unset or "
-                f"empty; export the API key there, or pass --model_groups.{g}.backend_options.api_key_env null "
-                "for a server without authentication"
-            )
 
 
 def run_eval(ev, out=None) -> dict[str, float]:
@@ -124,7 +108,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
     from mas_train.eval import eval_sampling, evaluate
     from mas_train.hosting.pools import LocalPool
     from mas_train.rollout import RolloutCollector
-    from mas_train.startup import load_task_rows, make_env_factory, probe_env
+    from mas_train.startup import check_api_keys, check_models, load_task_rows, make_env_factory, probe_env
     from mas_train.tasks import NoEvalTasksError, eval_tasks
 
     out = out or sys.stdout
@@ -132,7 +116,8 @@ def run_eval(ev, out=None) -> dict[str, float]:
     factory = make_env_factory(cfg)
     probe = probe_env(cfg, factory)
     cfg, resolved, fresh = ev.apply_sources(cfg, list(probe.possible_agents))
-    _check_api_keys(resolved)
+    check_api_keys(resolved)
+    check_models(resolved)
     if weights is not None:
         saved = sorted(p.name for p in (weights / "groups").iterdir() if p.is_dir())
         if saved != sorted(resolved.model_groups):
@@ -141,9 +126,10 @@ def run_eval(ev, out=None) -> dict[str, float]:
             raise ConfigError(
                 f"checkpoint groups {saved} do not match the config's {list(resolved.model_groups)}"
             )
+    k, num_tasks = ev.evaluation_size(cfg)
     try:
         tasks = load_task_rows(
-            f"evaluation data {cfg.eval_data!r}", lambda: eval_tasks(cfg, probe, limit=ev.num_tasks)
+            f"evaluation data {cfg.eval_data!r}", lambda: eval_tasks(cfg, probe, limit=num_tasks)
         )
     except NoEvalTasksError as err:
         from mas_train.config import ConfigError
@@ -151,7 +137,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
         raise ConfigError(f"{err} (mas-eval: pass --data)") from None
     label = str(ckpt) + (" (initial weights)" if ev.initial else "") if ckpt is not None else cfg.model
     print(
-        f"mas-eval: {label} on {len(tasks)} tasks of {cfg.eval_data or 'the env eval set'}, k={ev.k}",
+        f"mas-eval: {label} on {len(tasks)} tasks of {cfg.eval_data or 'the env eval set'}, k={k}",
         file=out,
     )
     if ev.model_groups or ev.agents:
@@ -179,7 +165,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
             metrics = evaluate(
                 collector,
                 tasks,
-                k=ev.k,
+                k=k,
                 sampling=eval_sampling(
                     resolved, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens
                 ),

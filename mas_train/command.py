@@ -38,8 +38,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean the user asked for something impossible (never a bug in mas-rl)."""
     from mas_envs.registration import UnknownEnvError
     from mas_train.config import ConfigError
+    from mas_train.models import ModelNotFoundError
 
-    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError)
+    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError, ModelNotFoundError)
 
 
 def run_command(prog: str, argv: list[str], body: Callable[[list[str]], Any]) -> int:
@@ -56,11 +57,16 @@ def run_command(prog: str, argv: list[str], body: Callable[[list[str]], Any]) ->
         if not debug:
             print(f"{prog}: (run with --debug for the traceback)", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        if prog == "mas-train":
-            print(
-                "mas-train: interrupted; continue from the last checkpoint with --resume <run folder>",
-                file=sys.stderr,
-            )
+    except KeyboardInterrupt as err:
+        # mas_train.trainer.RunInterrupted carries the run folder and its newest checkpoint
+        run_dir, ckpt = getattr(err, "run_dir", None), getattr(err, "checkpoint", None)
+        if prog == "mas-train" and run_dir is not None:
+            if ckpt is not None:
+                msg = f"interrupted; continue from its last checkpoint ({ckpt.name}) with --resume {run_dir}"
+            else:
+                msg = f"interrupted before its first checkpoint, so there is nothing to resume in {run_dir}"
+            print(f"mas-train: {msg}", file=sys.stderr)
+        else:
+            print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return 0

@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_MODELS",
     "SMOLLM2_INSTALL_HINT",
+    "ModelNotFoundError",
     "build_qwen_tokenizer",
     "build_tiny_qwen3",
     "cache_dir",
+    "check_model_source",
     "convert_smollm2",
     "load_model_and_tokenizer",
     "load_tokenizer",
@@ -397,7 +399,8 @@ def load_model_and_tokenizer(
 
     Raises:
         ImportError: a builtin's package is missing (message has the pip line).
-        OSError: the model is neither a local folder nor in the local HF cache; the message says what to do.
+        ModelNotFoundError: the model is neither a local folder nor in the local HF cache (nor, online, on the
+            hub); the message says what to do (an ``OSError``).
     """
     from transformers import AutoModelForCausalLM
 
@@ -412,16 +415,88 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def _not_found(name_or_path: str | os.PathLike, err: OSError) -> OSError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
-        "TRANSFORMERS_OFFLINE", ""
-    ) not in ("", "0")
-    return OSError(
-        f"could not load model {str(name_or_path)!r}: it is not a local model folder"
-        + (" and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set" if offline else "")
-        + f" ({err}). Use a builtin ({', '.join(BUILTIN_MODELS)}), pass a folder with config.json, or "
-        f"download it first where there is internet: `hf download {name_or_path}`."
+class ModelNotFoundError(OSError):
+    """A model name that is neither a builtin, a local model folder nor a hub id that can be loaded from here: a
+    user mistake (``mas-train`` / ``mas-eval`` print it as one ``error:`` line); the message says what to do."""
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _looks_local(name: str) -> bool:
+    """A name that can only be a path: ``./x``, ``/x``, ``~/x``, ``x/y/z`` (a hub id is ``name`` or ``owner/name``)."""
+    return name.startswith((".", "/", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
+
+
+def _builtin_hint(name: str) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(name, list(BUILTIN_MODELS), n=2, cutoff=0.6)
+    return f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+
+
+def _not_found(name_or_path: str | os.PathLike, err: BaseException | None = None) -> ModelNotFoundError:
+    """The error for a model that cannot be found, with the hint that fits what the name looks like."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    builtins = ", ".join(BUILTIN_MODELS)
+    if path.is_dir():
+        return ModelNotFoundError(
+            f"model {name!r} is a folder but not a Hugging Face model folder (no config.json and "
+            "tokenizer_config.json in it); pass the folder that holds them, e.g. a checkpoint's "
+            "groups/<group>/model, or `mas-export` a checkpoint first"
+        )
+    if path.exists():
+        return ModelNotFoundError(
+            f"model {name!r} is a file; pass the Hugging Face model folder (with config.json)"
+        )
+    if _looks_local(name):
+        return ModelNotFoundError(
+            f"model {name!r}: no such folder ({path.resolve()}); check the path, or use a builtin ({builtins}) "
+            "or a hub id (owner/name)"
+        )
+    where = (
+        "it is not in the local Hugging Face cache and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set"
+        if _offline()
+        else f"the Hugging Face hub did not serve it ({str(err).splitlines()[0] if err else 'not found'})"
     )
+    return ModelNotFoundError(
+        f"model {name!r} is not a builtin ({builtins}) or a local folder, and {where}. "
+        f"{_builtin_hint(name)}For a hub model, download it first where there is internet "
+        f"(`hf download {name}`), or pass a local folder with config.json"
+    )
+
+
+def check_model_source(name_or_path: str | os.PathLike) -> None:
+    """Check, without loading anything, that :func:`load_model_and_tokenizer` can find ``name_or_path``: a builtin
+    whose package is installed, a local folder with ``config.json`` or ``tokenizer_config.json``, or a hub id
+    (offline: one in the local Hugging Face cache; online it may still be downloaded, so it passes).
+
+    Raises:
+        ModelNotFoundError: as above; the message says what to do.
+        ImportError: a builtin's package is missing (the message has the pip line).
+    """
+    name = str(name_or_path)
+    if name in BUILTIN_MODELS:
+        if name == "smollm2-135m-instruct":
+            _smollm2_dir()
+        return
+    path = Path(name).expanduser()
+    if path.exists() or _looks_local(name):
+        if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            raise _not_found(name)
+        return
+    if not _offline():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a valid repo id at all (e.g. "a b")
+        cached = None
+    if not isinstance(cached, str):
+        raise _not_found(name)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
@@ -429,7 +504,7 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     and a pad token (the EOS token when the checkpoint has none).
 
     Raises:
-        ImportError, OSError: as :func:`load_model_and_tokenizer`.
+        ImportError, ModelNotFoundError: as :func:`load_model_and_tokenizer`.
     """
     from transformers import AutoTokenizer
 

@@ -7,9 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mas_train.config import LAPTOP_DEFAULTS
-
-__all__ = ["bar_text", "off_the_clock", "print_summary"]
+__all__ = ["bar_text", "off_the_clock", "print_banner", "print_summary"]
 
 # The keys the progress bar shows, when present.
 _BAR_KEYS = (("charts/reward", "R"), ("charts/invalid_rate", "inv"))
@@ -38,51 +36,11 @@ def bar_text(metrics: Mapping[str, float], agents: Sequence[str]) -> str:
     return " ".join(parts)
 
 
-def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:
-    keys = [k for k in last if k.count("/") == 1 and "@" in k] + sorted(
-        k for k in last if k.startswith("eval/env/")
-    )
-    parts = []
-    for k in keys:
-        name = k[len("eval/") :]
-        if k in first and first is not last:
-            parts.append(f"{name} {first[k]:.3f} → {last[k]:.3f}")
-        else:
-            parts.append(f"{name} {last[k]:.3f}")
-    return ", ".join(parts)
-
-
-def print_summary(s: Mapping[str, Any], out) -> None:
-    last, ev, first = s["last"], s["eval"], s.get("first_eval") or {}
-    print(f"\nmas-train finished {s['steps']} steps in {s['wall_seconds'] / 60:.1f} min", file=out)
-    if last:
-        print(
-            f"  last step: reward {last.get('charts/reward', float('nan')):.3f}, "
-            f"invalid rate {last.get('charts/invalid_rate', float('nan')):.3f}",
-            file=out,
-        )
-    if ev:
-        label = "eval (step 0 → end)" if first and first is not ev else "eval"
-        print(f"  {label}: {_fmt_eval(first, ev)}", file=out)
-    print(f"  run folder:   {s['run_dir']}", file=out)
-    if s["metrics_file"]:
-        print(f"  metrics:      {s['metrics_file']}", file=out)
-    if s["tensorboard_dir"]:
-        print(f"  tensorboard:  tensorboard --logdir {s['tensorboard_dir']}", file=out)
-    for p in s.get("plots") or []:
-        print(f"  plot:         {p}", file=out)
-    if s["checkpoint"]:
-        print(f"  checkpoint:   {s['checkpoint']}  (continue with --resume {s['run_dir']})", file=out)
-    out.flush()
-
-
-def print_start(plan: Any, out: Any) -> None:
-    """The start-up banner of ``mas-train``: env, agents and run folder, each model group and what it trains,
-    the step budget, the task sets (and that a plain run got the laptop setting), resumed changes and warnings.
-
-    Args:
-        plan: the :class:`~mas_train.startup.RunPlan` of :func:`~mas_train.startup.prepare`. out: a text stream.
-    """
+def print_banner(plan: Any, out) -> None:
+    """The start-up lines of ``mas-train`` for a :class:`~mas_train.startup.RunPlan`: env, agents and run folder,
+    each model group's source and what it trains, the budget, the data, resumed changes and warnings."""
+    from mas_train.config import LAPTOP_DEFAULTS
+    from mas_train.startup import group_source
 
     cfg, resolved, run_dir = plan.config, plan.resolved, plan.run_dir
     agents = list(resolved.agents)
@@ -92,7 +50,7 @@ def print_start(plan: Any, out: Any) -> None:
         what = (
             f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
         )
-        print(f"  model group {g.name!r}: {g.model} ({g.backend}) {what}", file=out)
+        print(f"  model group {g.name!r}: {group_source(g)} {what}", file=out)
     print(
         f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
         f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",
@@ -112,3 +70,59 @@ def print_start(plan: Any, out: Any) -> None:
         print(f"  resumed with {k} changed: {old!r} -> {new!r}", file=out)
     for w in plan.warnings:
         print(f"  warning: {w}", file=out)
+    out.flush()
+
+
+def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:
+    keys = [k for k in last if k.count("/") == 1 and "@" in k] + sorted(
+        k for k in last if k.startswith("eval/env/")
+    )
+    parts = []
+    for k in keys:
+        name = k[len("eval/") :]
+        if k in first and first is not last:
+            parts.append(f"{name} {first[k]:.3f} → {last[k]:.3f}")
+        else:
+            parts.append(f"{name} {last[k]:.3f}")
+    return ", ".join(parts)
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def print_summary(s: Mapping[str, Any], out) -> None:
+    last, ev, first = s["last"], s["eval"], s.get("first_eval") or {}
+    minutes = f"{s['wall_seconds'] / 60:.1f} min"
+    start, end, ran = s.get("start_step", 0), s["steps"], s.get("steps_run", s["steps"])
+    if s.get("finished_only") and not ran:
+        print(
+            f"\nmas-train finished the run at step {end} (its final evaluation and plots) in {minutes}",
+            file=out,
+        )
+    elif start:
+        print(
+            f"\nmas-train finished {_steps(ran)} (resumed at step {start}, now at step {end}) in {minutes}",
+            file=out,
+        )
+    else:
+        print(f"\nmas-train finished {_steps(ran)} in {minutes}", file=out)
+    if last:
+        print(
+            f"  last step: reward {last.get('charts/reward', float('nan')):.3f}, "
+            f"invalid rate {last.get('charts/invalid_rate', float('nan')):.3f}",
+            file=out,
+        )
+    if ev:
+        label = "eval (step 0 → end)" if first and first is not ev else "eval"
+        print(f"  {label}: {_fmt_eval(first, ev)}", file=out)
+    print(f"  run folder:   {s['run_dir']}", file=out)
+    if s["metrics_file"]:
+        print(f"  metrics:      {s['metrics_file']}", file=out)
+    if s["tensorboard_dir"]:
+        print(f"  tensorboard:  tensorboard --logdir {s['tensorboard_dir']}", file=out)
+    for p in s.get("plots") or []:
+        print(f"  plot:         {p}", file=out)
+    if s["checkpoint"]:
+        print(f"  checkpoint:   {s['checkpoint']}  (continue with --resume {s['run_dir']})", file=out)
+    out.flush()

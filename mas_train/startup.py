@@ -28,6 +28,9 @@ from mas_train.config import ConfigError
 __all__ = [
     "RESUMABLE_CHANGES",
     "RunPlan",
+    "check_api_keys",
+    "check_models",
+    "group_source",
     "load_task_rows",
     "make_env_factory",
     "prepare",
@@ -179,10 +182,61 @@ def load_task_rows(what: str, loader: Callable[[], list[dict[str, Any]]]) -> lis
             else ""
         )
         detail = err.args[0] if isinstance(err, KeyError) and err.args else err
+        if not str(detail).strip():  # e.g. a bare StopIteration from a reader: say at least what went wrong
+            detail = f"could not be read ({type(err).__name__}); check that it holds task rows"
         raise ConfigError(f"{what}: {detail}{hint}") from None
     if not rows:
         raise ConfigError(f"{what}: no usable task rows")
     return rows
+
+
+def group_source(group: Any) -> str:
+    """Where a resolved model group's turns come from, for start-up lines: ``openai endpoint URL (model M)``,
+    ``sglang server URL``, or ``MODEL (BACKEND)`` for weights loaded here."""
+    opts = group.backend_options
+    if group.backend == "openai":
+        return f"openai endpoint {opts.base_url} (model {opts.model})"
+    if group.backend in ("sglang_http", "vllm_http") and getattr(opts, "url", None):
+        return f"{group.backend.split('_')[0]} server {opts.url}"
+    return f"{group.model} ({group.backend})"
+
+
+def check_models(resolved: Any) -> None:
+    """Every model group's model can be found (:func:`mas_train.models.check_model_source`), before any loads.
+
+    Raises:
+        ConfigError: a model that is not a builtin, a local model folder or a reachable hub id (the message
+            names the group and says what to do).
+        ImportError: a builtin's package is missing (the message has the pip line).
+    """
+    from mas_train.models import ModelNotFoundError, check_model_source
+
+    for g, rg in resolved.model_groups.items():
+        try:
+            check_model_source(rg.model)
+        except ModelNotFoundError as err:
+            where = (
+                f"model group {g!r} ({', '.join(rg.agents)})" if len(resolved.model_groups) > 1 else "model"
+            )
+            raise ConfigError(f"{where}: {err}") from None
+
+
+def check_api_keys(resolved: Any) -> None:
+    """An ``openai`` group whose API key variable is unset is a user mistake: say so before any model loads.
+
+    Raises:
+        ConfigError: names the group and the variable, and says how to go without a key.
+    """
+    import os
+
+    for g, rg in resolved.model_groups.items():
+        env_var = getattr(rg.backend_options, "api_key_env", None) if rg.backend == "openai" else None
+        if env_var and not os.environ.get(env_var):
+            raise ConfigError(
+                f"model_groups.{g}: environment variable {env_var!r} (backend_options.api_key_env) is unset or "
+                f"empty; export the API key there, or pass --model_groups.{g}.backend_options.api_key_env null "
+                "for a server without authentication"
+            )
 
 
 def evaluation_on(cfg: Any) -> bool:
@@ -207,6 +261,8 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
     factory = env_factory or make_env_factory(cfg)
     probe = probe_env(cfg, factory)
     resolved = cfg.resolve(list(probe.possible_agents))
+    check_api_keys(resolved)
+    check_models(resolved)
     train = load_task_rows(
         f"train_data {cfg.train_data!r}" if cfg.train_data else "the env's training tasks",
         lambda: T.train_tasks(cfg, probe),

@@ -16,7 +16,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunLogger", "read_jsonl", "truncate_jsonl"]
+__all__ = ["RunLogger", "eval_logged_at", "first_eval", "last_eval", "read_jsonl", "truncate_jsonl"]
 
 
 class RunLogger:
@@ -132,6 +132,34 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl`` file."""
     with Path(path).open(encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def _evals(run_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    lines = [
+        (int(r.get("step", -1)), {k: v for k, v in r.items() if k.startswith("eval/")})
+        for r in read_jsonl(path)
+    ]
+    return [(step, ev) for step, ev in lines if ev]
+
+
+def first_eval(run_dir: str | Path) -> dict[str, Any]:
+    """The ``eval/…`` metrics of the first evaluation line of a run's ``metrics.jsonl`` (``{}`` without one)."""
+    evals = _evals(run_dir)
+    return evals[0][1] if evals else {}
+
+
+def last_eval(run_dir: str | Path) -> dict[str, Any]:
+    """The ``eval/…`` metrics of the last evaluation line of a run's ``metrics.jsonl`` (``{}`` without one)."""
+    evals = _evals(run_dir)
+    return evals[-1][1] if evals else {}
+
+
+def eval_logged_at(run_dir: str | Path, step: int) -> bool:
+    """Whether a run's ``metrics.jsonl`` has an evaluation line at ``step``."""
+    return any(s == step for s, _ in _evals(run_dir))
 
 
 def truncate_jsonl(path: str | Path, max_step: int) -> int:

@@ -13,8 +13,8 @@ model loading, the loop of :meth:`MultiGroupTrainer.fit`, the summary. One step
 4. the step's metrics (:mod:`mas_train.metrics` names them).
 
 :meth:`MultiGroupTrainer.fit` adds the cadence: an evaluation before the first update (step 0) when
-``eval_before_training``, every ``eval_steps`` and at the end; a checkpoint every ``save_steps`` and at the end,
-keeping the newest ``save_total_limit``.
+``eval_before_training``, every ``eval_steps`` and at the end; a checkpoint every ``save_steps`` and at the end
+(before the final evaluation), keeping the newest ``save_total_limit``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from tqdm.auto import tqdm
 
 from mas_train.advantages import compute_advantages_with_stats, lemma_metrics
 from mas_train.checkpoint import (
+    completed_step,
     list_checkpoints,
     load_trainer_state,
+    mark_complete,
     prune_checkpoints,
     rng_state,
     save_checkpoint,
@@ -41,14 +43,14 @@ from mas_train.eval import eval_sampling, evaluate
 from mas_train.hosting.pools import make_pool
 from mas_train.hosting.protocols import WorkerPool
 from mas_train.metrics import rollout_metrics, update_metrics
-from mas_train.progress import bar_text, off_the_clock, print_start, print_summary
+from mas_train.progress import bar_text, off_the_clock, print_banner, print_summary
 from mas_train.rollout import RolloutCollector
-from mas_train.startup import make_env_factory, prepare, record_config
+from mas_train.startup import evaluation_on, make_env_factory, prepare, record_config
 from mas_train.tasks import TaskSampler, eval_tasks
 from mas_train.tasks import train_tasks as default_train_tasks
-from mas_train.tracking import RunLogger, read_jsonl
+from mas_train.tracking import RunLogger, eval_logged_at, first_eval, last_eval
 
-__all__ = ["MultiGroupTrainer", "train"]
+__all__ = ["MultiGroupTrainer", "RunInterrupted", "train"]
 
 
 class MultiGroupTrainer:
@@ -248,14 +250,21 @@ class MultiGroupTrainer:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def fit(
-        self, logger: Any, *, progress: bool = True, say: Callable[[str], None] = print
+        self,
+        logger: Any,
+        *,
+        progress: bool = True,
+        say: Callable[[str], None] = print,
+        live_bar: bool = True,
     ) -> dict[str, float]:
         """Train to ``max_steps`` with the evaluation and checkpoint cadence of the module docstring.
 
         Args:
             logger: a :class:`~mas_train.tracking.RunLogger` (``log(step, metrics, extra)``).
-            progress: show a tqdm bar.
+            progress: show progress: a tqdm bar when ``live_bar``, else one ``say`` line per logged step.
             say: prints a status line (kept clear of the bar).
+            live_bar: the bar's stream is a terminal. In a log file a bar redrawn around status lines and at
+                close would leave one copy per redraw, so there each logged step is one line instead.
 
         Returns:
             The last training step's metrics.
@@ -275,7 +284,7 @@ class MultiGroupTrainer:
             initial=self.step,
             desc="mas-train",
             unit="step",
-            disable=not progress,
+            disable=not (progress and live_bar),
             dynamic_ncols=True,
         )
         try:
@@ -285,7 +294,16 @@ class MultiGroupTrainer:
                     logger.log(self.step, last, extra)
                 bar.set_postfix_str(bar_text(last, agents), refresh=False)
                 bar.update(1)
-                if cfg.save_steps and self.step % cfg.save_steps == 0:
+                if (
+                    progress
+                    and not live_bar
+                    and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps)
+                ):
+                    say(
+                        f"  step {self.step}/{cfg.max_steps}: {bar_text(last, agents)} ({last['time/step']:.1f} s)"
+                    )
+                # the last step saves before its evaluation, so a run killed there resumes into that evaluation
+                if (cfg.save_steps and self.step % cfg.save_steps == 0) or self.step == cfg.max_steps:
                     with off_the_clock(bar):
                         say(f"  saving checkpoint step-{self.step:06d}…")
                         self.save_checkpoint()
@@ -312,17 +330,18 @@ class MultiGroupTrainer:
         self.pool.shutdown()
 
 
-def _first_eval_of(run_dir: Path) -> dict[str, float]:
-    """The first evaluation line of a run's ``metrics.jsonl`` (a resumed run's "before")."""
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`train`, after the run folder was fixed: ``mas-train`` says how to continue it.
 
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    for rec in read_jsonl(path):
-        ev = {k: v for k, v in rec.items() if k.startswith("eval/")}
-        if ev:
-            return ev
-    return {}
+    Attributes:
+        run_dir: the run folder.
+        checkpoint: its newest checkpoint when interrupted (``None``: none saved yet, nothing to resume).
+    """
+
+    def __init__(self, run_dir: Path, checkpoint: Path | None) -> None:
+        super().__init__(str(run_dir))
+        self.run_dir = Path(run_dir)
+        self.checkpoint = checkpoint
 
 
 def train(
@@ -330,55 +349,99 @@ def train(
 ) -> dict[str, Any]:
     """Train ``cfg`` (a :class:`~mas_train.config.TrainConfig`) to ``max_steps``: the body of ``mas-train``.
 
+    A run is complete when it has trained to ``max_steps``, run its final evaluation (when evaluation is on) and
+    drawn its plots; it then writes ``complete.json`` (:func:`mas_train.checkpoint.mark_complete`). ``--resume``
+    of a run whose last checkpoint is at ``max_steps`` but that is not complete (killed during its final
+    evaluation) runs only what is missing: the final evaluation (loading the checkpoint's weights), unless its
+    line is already in ``metrics.jsonl``, then the plots.
+
     Returns:
-        A summary: ``run_dir``, ``metrics_file``, ``tensorboard_dir``, ``checkpoint``, ``steps``,
-        ``wall_seconds``, ``last`` (last step's metrics), ``eval`` (last evaluation), ``first_eval`` (the run's
-        first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths), ``already_complete``
-        (``True`` when ``--resume`` pointed at a checkpoint at or past ``max_steps``: nothing was run or written).
+        A summary: ``run_dir``, ``metrics_file``, ``tensorboard_dir``, ``checkpoint``, ``steps`` (the run's step
+        at the end), ``steps_run`` (training steps this call ran), ``start_step`` (the step it resumed at, 0 for
+        a new run), ``wall_seconds``, ``last`` (last step's metrics), ``eval`` (last evaluation), ``first_eval``
+        (the run's first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths),
+        ``already_complete`` (``True`` when ``--resume`` pointed at a complete run at or past ``max_steps``:
+        nothing was run or written), ``finished_only`` (``True`` when only a missing final evaluation / plots
+        were done).
 
     Raises:
         ConfigError: invalid settings, found before any model is loaded.
         FileNotFoundError: ``--resume`` target not found.
+        RunInterrupted: Ctrl-C (a ``KeyboardInterrupt`` naming the run folder and its newest checkpoint).
     """
 
     out = out or sys.stdout
     t_start = time.perf_counter()
     plan = prepare(cfg, env_factory=env_factory)
+    run_dir = plan.run_dir
+    try:
+        return _train(plan, progress=progress, out=out, t_start=t_start)
+    except KeyboardInterrupt:
+        ckpts = list_checkpoints(run_dir)
+        raise RunInterrupted(run_dir, ckpts[-1] if ckpts else None) from None
+
+
+def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
+
     cfg, resolved, run_dir, ckpt = plan.config, plan.resolved, plan.run_dir, plan.checkpoint
     summary: dict[str, Any] = {
         "run_dir": str(run_dir),
         "metrics_file": str(run_dir / "metrics.jsonl") if "jsonl" in cfg.report_to else None,
         "tensorboard_dir": str(run_dir / "tb") if "tensorboard" in cfg.report_to else None,
         "checkpoint": str(ckpt) if ckpt else None,
-        "steps": 0,
-        "last": {},
-        "eval": {},
-        "first_eval": {},
-        "plots": [],
-        "already_complete": False,
+        **dict.fromkeys(("steps", "steps_run", "start_step"), 0),
+        **{"last": {}, "eval": {}, "first_eval": {}, "plots": []},
+        **dict.fromkeys(("already_complete", "finished_only"), False),
     }
+    finishing = False
     if ckpt is not None:
         step = int(load_trainer_state(ckpt)["step"])
+        summary["start_step"] = step
         if step >= cfg.max_steps:
+            done = completed_step(run_dir)
+            if done is not None and done >= step:
+                print(
+                    f"mas-train: run {run_dir} is already complete at step {step} (max_steps {cfg.max_steps}); "
+                    "raise --max_steps to train further",
+                    file=out,
+                )
+                out.flush()
+                return {
+                    **summary,
+                    "steps": step,
+                    "wall_seconds": time.perf_counter() - t_start,
+                    "already_complete": True,
+                }
+            finishing = True
+            missing = evaluation_on(cfg) and not ("jsonl" in cfg.report_to and eval_logged_at(run_dir, step))
             print(
-                f"mas-train: run {run_dir} is already complete at step {step} (max_steps {cfg.max_steps}); "
-                "raise --max_steps to train further",
+                f"mas-train: run {run_dir} trained to step {step} but did not finish "
+                + ("its final evaluation: running it now" if missing else "(its plots): drawing them now"),
                 file=out,
             )
             out.flush()
-            return {
-                **summary,
-                "steps": step,
-                "wall_seconds": time.perf_counter() - t_start,
-                "already_complete": True,
-            }
+            if not missing:
+                summary.update(
+                    steps=step,
+                    finished_only=True,
+                    eval=last_eval(run_dir),
+                    first_eval=first_eval(run_dir),
+                    plots=[str(p) for p in _plots(run_dir, cfg)],
+                    wall_seconds=time.perf_counter() - t_start,
+                )
+                mark_complete(run_dir, step)
+                print_summary(summary, out)
+                return summary
 
-    print_start(plan, out)
-    out.flush()
+    print_banner(plan, out)
+
+    live_bar = progress and _is_terminal(sys.stderr)
 
     def say(msg: str) -> None:
-        # tqdm.write clears and redraws the bar around the line, so status lines never break it.
-        tqdm.write(msg, file=out)
+        if live_bar:  # tqdm.write clears and redraws the bar around the line, so status lines never break it
+            tqdm.write(msg, file=out)
+        else:  # a log file: no bar to redraw (each redraw would be one more copy of it in the file)
+            print(msg, file=out)
         out.flush()
 
     t0 = time.perf_counter()
@@ -395,10 +458,14 @@ def train(
             say(f"  loading checkpoint {ckpt.name}…")
             trainer.load_checkpoint(ckpt)
             print(f"  resumed from {ckpt} at step {trainer.step}", file=out)
-            trainer.first_eval = _first_eval_of(run_dir)
-        say(
-            f"  ready in {time.perf_counter() - t0:.1f} s; step {trainer.step + 1} starts with the first rollout"
+            trainer.first_eval = first_eval(run_dir)
+        start_step = trainer.step
+        nxt = (
+            f"the final evaluation of step {trainer.step} starts"
+            if finishing
+            else f"step {trainer.step + 1} starts with the first rollout"
         )
+        say(f"  ready in {time.perf_counter() - t0:.1f} s; {nxt}")
         record_config(plan, trainer.step)
         logger = RunLogger(
             run_dir,
@@ -408,7 +475,7 @@ def train(
             resume_step=trainer.step if ckpt is not None else None,
         )
         try:
-            summary["last"] = trainer.fit(logger, progress=progress, say=say)
+            summary["last"] = trainer.fit(logger, progress=progress, say=say, live_bar=live_bar)
         finally:
             logger.close()
     finally:
@@ -417,13 +484,25 @@ def train(
     summary.update(
         checkpoint=str(ckpts[-1]) if ckpts else None,
         steps=trainer.step,
+        steps_run=trainer.step - start_step,
+        start_step=start_step,
+        finished_only=finishing,
         eval=trainer.last_eval,
         first_eval=trainer.first_eval,
         plots=[str(p) for p in _plots(run_dir, cfg)],
         wall_seconds=time.perf_counter() - t_start,
     )
+    if trainer.step >= cfg.max_steps:
+        mark_complete(run_dir, trainer.step)  # last: everything of the run is on disk
     print_summary(summary, out)
     return summary
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _plots(run_dir: Path, cfg: Any) -> list[Path]:

@@ -75,7 +75,7 @@ from mas_train.config.eval_config import (
     build_eval_parser,
     parse_eval_args,
 )
-from mas_train.config.grpo import GRPO_HONOURED
+from mas_train.config.grpo import GRPO_CHOICES, GRPO_HONOURED
 from mas_train.config.resolve import ResolvedAgent, ResolvedConfig, ResolvedModelGroup
 from mas_train.config.sections import (
     AgentConfig,
@@ -109,6 +109,7 @@ __all__ = [
     "DEFAULT_TEMPERATURE",
     "DTYPES",
     "LAPTOP_DEFAULTS",
+    "GRPO_CHOICES",
     "GRPO_HONOURED",
     "OPTIM_FIELDS",
     "POOLS",

@@ -19,6 +19,7 @@ __all__ = [
     "BACKENDS",
     "DTYPES",
     "LAPTOP_DEFAULTS",
+    "LR_SCHEDULER_TYPES",
     "OPTIM_FIELDS",
     "POOLS",
     "REPORT_TO",
@@ -128,8 +129,31 @@ def check_choice(where: str, value: Any, choices: Sequence[str]) -> None:
         )
 
 
+#: transformers 5's ``SchedulerType`` values (``lr_scheduler_type``; tests/train/test_config.py compares them).
+LR_SCHEDULER_TYPES = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
+)
+
+
 def check_optim(where: str, obj: Any) -> None:
     lr, wd, gn, wu = obj.learning_rate, obj.weight_decay, obj.max_grad_norm, obj.warmup_steps
+    sched = obj.lr_scheduler_type
+    if sched is not None and sched not in LR_SCHEDULER_TYPES:
+        raise ConfigError(
+            f"{where}: lr_scheduler_type must be one of {list(LR_SCHEDULER_TYPES)} (transformers' "
+            f"SchedulerType), got {sched!r}.{close_matches(str(sched), LR_SCHEDULER_TYPES)}"
+        )
     if lr is not None and lr < 0:
         raise ConfigError(f"{where}: learning_rate must be >= 0, got {lr}")
     if wd is not None and wd < 0:

@@ -77,8 +77,12 @@ class EvalAgentConfig:
 class EvalConfig:
     """One evaluation: a checkpoint (or a model) on a benchmark, reporting avg@k and pass@k per data source.
 
-    Sampling settings left ``None`` come from the evaluated run's ``eval_sampling`` (the same rule the trainer's
-    evaluation uses); without a checkpoint, from the defaults of a run.
+    Settings left ``None`` come from the evaluated run: sampling from its ``eval_sampling`` (the same rule the
+    trainer's evaluation uses), ``k`` from its ``eval_k``, ``num_tasks`` from its ``eval_num_tasks`` (unless
+    ``data`` names another benchmark), the data from its ``eval_data``; so ``mas-eval --checkpoint RUN`` repeats
+    the run's last evaluation. Without a checkpoint they come from the defaults of a run.
+
+    :meth:`evaluation_size` gives the ``(k, num_tasks)`` an evaluation of a run's config uses.
     """
 
     checkpoint: str | None = _help(
@@ -105,8 +109,15 @@ class EvalConfig:
         "spec. None = the run's eval_data, else the env's evaluation set.",
         default=None,
     )
-    k: int = _help("Episodes per task (avg@k, pass@k).", default=DEFAULT_EVAL_K)
-    num_tasks: int | None = _help("Evaluate only the first N tasks (N >= 1). None = all.", default=None)
+    k: int | None = _help(
+        f"Episodes per task (avg@k, pass@k). None = with --checkpoint the run's eval_k, else {DEFAULT_EVAL_K}.",
+        default=None,
+    )
+    num_tasks: int | None = _help(
+        "Evaluate only the first N tasks; 0 = all. None = with --checkpoint and no --data the run's "
+        "eval_num_tasks (so it reproduces the run's last evaluation), else all.",
+        default=None,
+    )
     temperature: float | None = _help("Sampling temperature. None = the run's eval_sampling.", default=None)
     top_p: float | None = _help(
         "Nucleus sampling mass in (0, 1]. None = the run's eval_sampling.", default=None
@@ -140,8 +151,8 @@ class EvalConfig:
             raise ConfigError(
                 "--initial evaluates a checkpoint's run with its initial weights: give --checkpoint"
             )
-        check_min("k", self.k, 1)
-        check_min("num_tasks", self.num_tasks, 1, none_ok=True)
+        check_min("k", self.k, 1, none_ok=True)
+        check_min("num_tasks", self.num_tasks, 0, none_ok=True)
         check_min("tasks_per_batch", self.tasks_per_batch, 1)
         check_min("max_new_tokens", self.max_new_tokens, 1, none_ok=True)
         if self.temperature is not None and self.temperature < 0:
@@ -162,6 +173,19 @@ class EvalConfig:
                 raise ConfigError(
                     f"model_groups.{g}: give at least one of model, backend, backend_options, dtype"
                 )
+
+    def evaluation_size(self, cfg: Any) -> tuple[int, int | None]:
+        """``(k, num_tasks)`` for evaluating ``cfg`` (the checkpoint's run config, or a plain run's without
+        ``--checkpoint``): the given values, else the run's ``eval_k`` / ``eval_num_tasks`` (with
+        ``--checkpoint``; ``num_tasks`` only when no ``data`` is given), else ``DEFAULT_EVAL_K`` / all tasks.
+        ``num_tasks`` ``None`` means all."""
+        own = self.checkpoint is not None
+        k = self.k if self.k is not None else (cfg.eval_k if own else DEFAULT_EVAL_K)
+        if self.num_tasks is not None:
+            n = self.num_tasks or None
+        else:
+            n = cfg.eval_num_tasks if own and self.data is None else None
+        return k, n
 
     def apply_sources(self, cfg: Any, agent_names: Sequence[str]) -> tuple[Any, Any, frozenset[str]]:
         """Merge :attr:`model_groups` and :attr:`agents` over the evaluated run's config ``cfg``.

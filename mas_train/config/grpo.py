@@ -15,7 +15,7 @@ from typing import Any
 
 from mas_train.config.common import OPTIM_FIELDS, ConfigError, close_matches
 
-__all__ = ["GRPO_HONOURED", "check_grpo"]
+__all__ = ["GRPO_CHOICES", "GRPO_HONOURED", "check_grpo"]
 
 #: GRPOConfig fields our update honours. Checked against TRL 1.16.0 (``trl/trainer/grpo_trainer.py``: the
 #: attributes ``_compute_loss`` reads, set in ``__init__`` from ``args``) and transformers 5 (optimizer and
@@ -67,6 +67,18 @@ GRPO_HONOURED: frozenset[str] = frozenset(
         "lr_scheduler_kwargs",
     }
 )
+
+#: The values TRL 1.16.0 accepts for the enumerated GRPOConfig settings we honour: the branches of
+#: ``GRPOTrainer._compute_loss`` (``loss_type``; any other value raises "Unknown loss type" at the first update),
+#: ``_compute_loss``'s importance weights (``importance_sampling_level``) and our update's importance-sampling
+#: correction (``vllm_importance_sampling_mode``, TRL's four modes). The help text of each GRPOConfig field
+#: lists the same values (tests/train/test_config.py compares them). ``optim`` is checked against transformers'
+#: ``OptimizerNames`` when given.
+GRPO_CHOICES: dict[str, tuple[str, ...]] = {
+    "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "importance_sampling_level": ("token", "sequence"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
 
 # GRPOConfig keys that this config owns elsewhere; passing them in `grpo:` would silently fight it.
 _RESERVED = {
@@ -129,16 +141,31 @@ def _grpo_fields() -> frozenset[str] | None:
     return _GRPO_FIELDS
 
 
+def _optimizer_names() -> tuple[str, ...]:
+    from transformers.training_args import OptimizerNames  # imported only when a run sets grpo.optim
+
+    return tuple(o.value for o in OptimizerNames)
+
+
 def check_grpo(where: str, grpo: Any) -> None:
-    """Refuse a ``grpo`` mapping key that is reserved, unknown to TRL, or not honoured by our update.
+    """Refuse a ``grpo`` mapping key that is reserved, unknown to TRL, or not honoured by our update, and a
+    value of an enumerated setting (:data:`GRPO_CHOICES`, ``optim``) that TRL / transformers would reject only
+    after the models are loaded and a rollout has run.
 
     Raises:
-        ConfigError: the message names the key and says where to set it instead, or why it cannot apply.
+        ConfigError: the message names the key and says where to set it instead, or why it cannot apply, or
+            lists the accepted values.
     """
     if not isinstance(grpo, Mapping):
         raise ConfigError(f"{where} must be a mapping of GRPOConfig settings, got {type(grpo).__name__}")
     for key in grpo:
         if key in GRPO_HONOURED:
+            choices = GRPO_CHOICES.get(key) or (_optimizer_names() if key == "optim" else None)
+            if choices is not None and grpo[key] not in choices:
+                raise ConfigError(
+                    f"{where}.{key} must be one of {list(choices)} (TRL's accepted values), got {grpo[key]!r}."
+                    f"{close_matches(str(grpo[key]), choices)}"
+                )
             continue
         if key in _RESERVED:
             raise ConfigError(f"{where}.{key}: set it through {_RESERVED[key]}, not through grpo")

@@ -29,7 +29,15 @@ from typing import Any, Union
 
 from mas_train.config.common import ConfigError, close_matches
 
-__all__ = ["ArgParser", "build", "build_argparser", "cli_overrides", "field_type", "load_yaml"]
+__all__ = [
+    "ArgParser",
+    "build",
+    "build_argparser",
+    "cli_overrides",
+    "field_type",
+    "join_negative_values",
+    "load_yaml",
+]
 
 _NONE = {"none", "null", "~"}
 
@@ -253,6 +261,32 @@ def build_argparser(
     return parser
 
 
+# A negative number in any notation Python reads (-1, -.5, -1e-4, -inf). argparse takes only -1 and -.5 as values
+# and reads -1e-4 as an unknown option ("expected one argument"), so such a value is joined to its flag.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf(inity)?$", re.IGNORECASE)
+
+
+def join_negative_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each ``--flag -1e-4`` written ``--flag=-1e-4``, so argparse reads a negative number in
+    scientific notation as the flag's value (its own rule takes only ``-1`` and ``-.5``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if (
+            token.startswith("--")
+            and "=" not in token
+            and i + 1 < len(argv)
+            and _NEGATIVE_NUMBER.match(argv[i + 1])
+        ):
+            out.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def cli_overrides(
     cls: type, parser: argparse.ArgumentParser, argv: Sequence[str], special: Sequence[str] = ()
 ) -> tuple[dict[str, Any], list[tuple[tuple[str, ...], Any]]]:
@@ -264,7 +298,7 @@ def cli_overrides(
     Raises:
         ConfigError: an unknown flag (with close matches), a dotted flag without a value, a stray argument.
     """
-    ns, rest = parser.parse_known_args(list(argv))
+    ns, rest = parser.parse_known_args(join_negative_values(argv))
     given = vars(ns)
     specials = {k: given.pop(k) for k in list(given) if k in special}
     pairs: list[tuple[tuple[str, ...], Any]] = []

@@ -308,6 +308,11 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
                 f"model group {g!r} uses backend {kind!r}, which only samples (its weights cannot be updated): set "
                 f"model_groups.{g}.trainable: false (or agents.<agent>.trainable: false for its agents)"
             )
+        if gcfg.lora is not None and not trainable:
+            raise ConfigError(
+                f"model_groups.{g}.lora is set but the group is frozen (trainable: false), so no adapter would "
+                f"be trained; drop the lora settings of {g!r}, or make it trainable"
+            )
         group_lora = _group_lora(cfg, gcfg, trainable, shared_lora)
         lora_check = getattr(options, "lora_server_args", None)  # the SGLang kinds: LoRA server args vs lora
         if lora_check is not None:
@@ -340,6 +345,11 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             sharding=gcfg.sharding or cfg.sharding,
             rank_gpu_ids=tuple(gcfg.rank_gpu_ids),
             **optim,
+        )
+    if cfg.lora is not None and not any(g.trainable for g in groups.values()):
+        raise ConfigError(
+            "lora is set but every model group is frozen (trainable: false), so no adapter would be trained; "
+            "drop the lora settings, or make a group trainable"
         )
     if shared_lora:
         if cfg.pool == "ray":

@@ -76,8 +76,12 @@ def laptop_layer(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if any(m != DEFAULT_MODEL for m in models):
         return []
     env = (given("env") or [DEFAULT_ENV])[-1]
-    preset = LAPTOP_DEFAULTS.get(env)
-    return [copy.deepcopy(preset)] if preset else []
+    preset = copy.deepcopy(LAPTOP_DEFAULTS.get(env))
+    if preset and given("trainable") and given("trainable")[-1] is False:
+        preset.pop(
+            "lora", None
+        )  # a frozen run trains no adapter: the preset's lora is not the user's setting
+    return [preset] if preset else []
 
 
 @dataclass
@@ -253,8 +257,15 @@ class TrainConfig:
                     raise ConfigError(
                         f"model_sharing[{agent!r}] = {group!r}: a group name may use letters, digits, '_', '.', '-'"
                     )
+        check_min("num_generations", self.num_generations, 1)
+        if self.num_generations == 1 and (self.advantage_scope == "group" or self.tasks_per_step == 1):
+            raise ConfigError(
+                "num_generations must be >= 2: the advantages compare the G episodes of one task, and with G = 1 "
+                "every trajectory's advantage is 0, so nothing would be learned (TRL's GRPO requires 2 as well); "
+                "use --num_generations 2 or more (or advantage_scope: batch with tasks_per_step >= 2, which "
+                "compares the tasks of a step)"
+            )
         for name, minimum in (
-            ("num_generations", 1),
             ("tasks_per_step", 1),
             ("max_steps", 1),
             ("max_prompt_length", 1),

@@ -41,6 +41,8 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
+from mas_train.checkpoint import remove_if_empty
+
 __all__ = ["TRLGRPO", "fused_forward", "grpo_args", "no_reward", "restore_fused_forward"]
 
 LogpsFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -145,6 +147,8 @@ class TRLGRPO(GRPOTrainer):
             train_dataset=Dataset.from_dict({"prompt": ["unused"]}),
             processing_class=tokenizer,
         )
+        # transformers' Trainer makes args.output_dir; nothing of ours is written there
+        remove_if_empty(args.output_dir)
         args.beta = beta
         self.beta = beta
         if beta != 0.0 and not self.ref_is_base:

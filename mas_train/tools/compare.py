@@ -7,8 +7,11 @@ Two ways in::
 
 Training runs each (mode, seed) in turn, in process, into ``DIR/runs/<mode>__seed<k>`` (``--pool ray``: each run
 a Ray task, as many at once as the cluster has room for, ``--run_cpus`` / ``--run_gpus`` each). It is resumable: a run
-whose folder already holds a checkpoint at ``max_steps`` (and, when evaluation is on, an eval line at
-``max_steps``) is not re-run; an unfinished one resumes from its newest checkpoint.
+whose folder holds a complete run at ``max_steps`` (``complete.json``: trained, finally evaluated, plotted) is not
+re-run; an unfinished one resumes from its newest checkpoint. An existing run trained with other settings than the
+flags give (another learning rate, G, model, data, evaluation...; :func:`config_mismatch`) is refused before any
+training starts, since its results would be reported as this comparison's: use a new ``--out``, or ``--force`` to
+move it aside and train it again.
 
 The report (``DIR/summary.md``, ``DIR/summary.json``, ``DIR/reward.png``, ``DIR/grad_norm_<agent>.png``,
 ``DIR/lemma_factor.png``) groups runs by ``advantage_mode`` (from each run's ``config.yaml``) and gives, per mode,
@@ -50,6 +53,7 @@ from mas_train.tools.plots import load_run
 __all__ = [
     "RunSummary",
     "build_report",
+    "config_mismatch",
     "count_spikes",
     "is_finished",
     "main",
@@ -71,11 +75,59 @@ def train_one(cfg) -> dict[str, Any]:
     return train(cfg, progress=False)
 
 
+#: Settings in which an existing run may differ from the one mas-compare would launch and still be reused: where
+#: it runs and how it is logged and checkpointed. ``max_steps`` may also grow (the run resumes to it). Anything
+#: else (data, models, optimisation, advantages, evaluation) makes it another experiment.
+REUSABLE_DIFFERENCES = frozenset(
+    {
+        "output_dir",
+        "run_name",
+        "resume",
+        "device",
+        "pool",
+        "report_to",
+        "logging_steps",
+        "save_steps",
+        "save_total_limit",
+        "log_agent_grad_norms",
+    }
+)
+
+
+def config_mismatch(run_dir: str | Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """The settings in which the run saved in ``run_dir`` (its ``config.yaml``) differs from ``cfg``, the run
+    mas-compare would launch there, beyond :data:`REUSABLE_DIFFERENCES` and a larger ``max_steps``; ``{}`` when
+    it can be reused (or has no ``config.yaml``).
+
+    Returns:
+        dotted setting -> (saved value, value now).
+
+    Raises:
+        ConfigError: the saved ``config.yaml`` cannot be read.
+    """
+    from mas_train.config import TrainConfig, config_diff
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return {}
+    saved = TrainConfig.from_yaml(path)
+    diff = config_diff(saved, cfg)
+    out = {k: v for k, v in diff.items() if k.split(".", 1)[0] not in REUSABLE_DIFFERENCES}
+    if "max_steps" in out and out["max_steps"][0] < out["max_steps"][1]:
+        del out["max_steps"]  # a longer budget: the run resumes from its newest checkpoint
+    return out
+
+
 def is_finished(run_dir: str | Path, max_steps: int, eval_on: bool) -> bool:
-    """True when ``run_dir`` has a checkpoint at ``max_steps`` and, if ``eval_on``, an eval line at it."""
-    from mas_train.checkpoint import list_checkpoints
+    """True when ``run_dir`` is complete at ``max_steps`` or beyond (its ``complete.json``, written after its
+    final evaluation and plots); for a run without that file (made before it existed), when it has a checkpoint
+    at ``max_steps`` and, if ``eval_on``, an eval line at it."""
+    from mas_train.checkpoint import completed_step, list_checkpoints
 
     run_dir = Path(run_dir)
+    done = completed_step(run_dir)
+    if done is not None:
+        return done >= max_steps
     ckpts = list_checkpoints(run_dir)
     if not ckpts or int(re.search(r"(\d+)$", ckpts[-1].name).group(1)) < max_steps:
         return False
@@ -106,6 +158,7 @@ def run_comparison(
     pool: str = "local",
     run_cpus: float = 1.0,
     run_gpus: float = 0.0,
+    force: bool = False,
 ) -> tuple[list[Path], list[Path]]:
     """Train every (mode, seed) not finished yet into ``OUT/runs/<mode>__seed<k>``.
 
@@ -120,13 +173,16 @@ def run_comparison(
             for ``run_cpus`` CPUs and ``run_gpus`` GPUs, so Ray runs as many at once as the cluster (a local
             one, or ``RAY_ADDRESS``) has room for; each run's own workers stay in its task (``pool: local``
             inside), and Ray sets the task's ``OMP_NUM_THREADS`` to its CPUs.
+        force: an existing run folder whose saved settings differ from the run's (:func:`config_mismatch`) is
+            moved aside (``<name>.stale-<time>``) and trained again, instead of refused.
 
     Returns:
         ``(all run folders, the ones trained by this call)``.
 
     Raises:
-        ConfigError: bad flags (parsed for every run before any training starts), or a run that asks for
-            ``pool: ray`` itself under ``pool="ray"``.
+        ConfigError: bad flags (parsed for every run before any training starts), a run that asks for
+            ``pool: ray`` itself under ``pool="ray"``, or (without ``force``) an existing run trained with other
+            settings than the flags give (checked for every run before any training starts).
         ValueError: an unknown ``pool``, or ``train_fn`` with ``pool="ray"``.
         RuntimeError: ``pool="ray"`` runs that failed (named; the others are finished first).
     """
@@ -157,8 +213,24 @@ def run_comparison(
                     "local (remove pool: ray from their config)"
                 )
             plan.append((runs_root / name, cfg, argv))
+    for run_dir, cfg, _ in plan:
+        diff = config_mismatch(run_dir, cfg) if run_dir.exists() else {}
+        if diff and not force:
+            shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(diff.items())[:4])
+            more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
+            raise ConfigError(
+                f"{run_dir} was trained with other settings than these flags give ({shown}{more}); its results "
+                "would be reported as this comparison's. Use a new --out for these settings, or --force to move "
+                "the old runs aside and train them again"
+            )
     todo = []
     for run_dir, cfg, argv in plan:
+        if force and run_dir.exists() and config_mismatch(run_dir, cfg):
+            stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+            run_dir.rename(stale)
+            log(
+                f"mas-compare: {run_dir.name} was trained with other settings; moved to {stale.name} (--force)"
+            )
         if is_finished(run_dir, cfg.max_steps, bool(cfg.eval_steps)):
             log(f"mas-compare: {run_dir.name} is finished; not re-run")
             continue
@@ -248,6 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="local: one run after the other in this process (default); ray: every run a Ray task, as many at "
         "once as the cluster fits (--run_cpus/--run_gpus each); the runs' own workers stay in their task",
     )
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="an existing run under --out trained with other settings is moved aside and trained again "
+        "(without it mas-compare refuses: use a new --out for new settings)",
+    )
     ap.add_argument("--run_cpus", type=float, default=None, help="CPUs per run with --pool ray (default 1)")
     ap.add_argument("--run_gpus", type=float, default=None, help="GPUs per run with --pool ray (default 0)")
     args, rest = ap.parse_known_args(argv)
@@ -284,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pool=args.pool,
                 run_cpus=1.0 if args.run_cpus is None else args.run_cpus,
                 run_gpus=0.0 if args.run_gpus is None else args.run_gpus,
+                force=args.force,
             )
         summary = build_report(run_dirs, args.out)
     except (FileNotFoundError, ValueError, RuntimeError, ImportError, argparse.ArgumentTypeError) as err:

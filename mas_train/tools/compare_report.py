@@ -214,12 +214,22 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
         "files": [str(p) for p in files],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(_markdown(modes, summary["ranking"], files, out), encoding="utf-8")
+    (out / "summary.md").write_text(_markdown(modes, _ranking_text(ranked), files, out), encoding="utf-8")
     summary["files"] = [str(out / "summary.md"), str(out / "summary.json"), *summary["files"]]
     return summary
 
 
-def _markdown(modes: dict[str, Any], ranking: Sequence[str], files: Sequence[Path], out: Path) -> str:
+def _ranking_text(ranked: Sequence[tuple[float, str]]) -> str:
+    """``"grpo < agent_mean = drmas"``: modes sorted by mean final avg@k, ``=`` between equal means."""
+    text = ""
+    for i, (value, mode) in enumerate(ranked):
+        if i:
+            text += " = " if value == ranked[i - 1][0] else " < "
+        text += mode
+    return text
+
+
+def _markdown(modes: dict[str, Any], ranking: str, files: Sequence[Path], out: Path) -> str:
     lines = ["# mas-compare: advantage modes", ""]
     lines.append("Mean ± std over seeds (sample std; none with one seed). Gain = last − first eval line.")
     lines += ["", "| mode | seeds | final avg@k | final pass@k | gain avg@k |", "|---|---|---|---|---|"]
@@ -257,7 +267,7 @@ def _markdown(modes: dict[str, Any], ranking: Sequence[str], files: Sequence[Pat
         rho, n = m["factor_norm_spearman"]["rho"], m["factor_norm_spearman"]["points"]
         lines.append(f"| {mode} | {'–' if rho is None else f'{rho:.2f}'} | {n} |")
     if ranking:
-        lines += ["", "Modes by mean final avg@k, lowest first: " + " < ".join(ranking) + "."]
+        lines += ["", f"Modes by mean final avg@k, lowest first: {ranking}."]
     lines += [""] + [f"![{p.stem}]({p.relative_to(out)})" for p in files] + [""]
     return "\n".join(lines)
 

@@ -88,7 +88,7 @@ def export_checkpoint(
     """
     from mas_train.checkpoint import find_checkpoint
 
-    ckpt = find_checkpoint(spec, output_dir)
+    ckpt = find_checkpoint(spec, output_dir, flag="checkpoint")  # mas-export's positional argument
     groups = _group_states(ckpt)
     out = Path(out)
     targets = [

@@ -137,3 +137,18 @@ def test_adapters_that_cannot_be_honoured_are_refused(peft_and_tok, tiny_model_a
     merged.merge_adapter(["solver"])
     with pytest.raises(ValueError, match="merged into the base weights"):
         HFBackend(merged, tok, share_model=True).generate([[1, 2]], sp, adapters=["solver"])
+
+
+def test_a_peft_model_gets_the_cache_keyword_and_no_deprecation_warning(peft_and_tok):
+    # Regression: PEFT's forward(*args, **kwargs) hid `cache` and `logits_to_keep`, so every LoRA run passed the
+    # deprecated `past_key_values` (a FutureWarning per run) and prefilled full B x L x vocab logits.
+    import warnings
+
+    peft, tok = peft_and_tok
+    backend = HFBackend(peft, tok, share_model=True)
+    assert backend._cache_kw == "cache" and backend._keep_last_logits
+    prompts, sampling, adapters = _requests(tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        outs = backend.generate(prompts[:2], sampling[:2], adapters=adapters[:2])
+    assert all(1 <= len(o.completion_ids) == len(o.logprobs) <= 6 for o in outs)

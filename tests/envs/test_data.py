@@ -99,6 +99,36 @@ def test_clear_errors():
         load_tasks("./nope.jsonl")
 
 
+def test_broken_files_and_misspelled_names_are_one_clear_error(tmp_path):
+    # Regression: a broken JSONL line gave an ~85-line `datasets` traceback, an empty file a bare StopIteration,
+    # and "gsm8k-trian" "Couldn't reach 'gsm8k-trian' on the Hub".
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "a", "answer": "1"}\n\n{"question": "b", answer: 2}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl, line 3: not valid JSON \(.*column 19\)"):
+        load_tasks(bad)
+    listed = tmp_path / "list.jsonl"
+    listed.write_text('{"question": "a", "answer": "1"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"list\.jsonl, line 2: a JSON list, not an object"):
+        load_tasks(listed)
+    for name, text in (("empty.jsonl", ""), ("blank.json", "\n  \n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=f"{name} is empty: it holds no task rows"):
+            load_tasks(tmp_path / name)
+    with gzip.open(tmp_path / "bad.jsonl.gz", "wt") as f:
+        f.write('{"question": "a", "answer": "1"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl\.gz, line 2"):
+        load_tasks(tmp_path / "bad.jsonl.gz")
+    # a .json file may be one JSON document (an array of rows) as well as JSON Lines
+    (tmp_path / "rows.json").write_text(json.dumps([{"question": "a", "answer": "1"}]))
+    assert [t["question"] for t in load_tasks(tmp_path / "rows.json")] == ["a"]
+    with pytest.raises(ValueError, match=r"unknown data set 'gsm8k-trian': did you mean 'gsm8k-train'"):
+        load_tasks("gsm8k-trian")
+    with pytest.raises(
+        FileNotFoundError, match=r"'no-such-thing' is not a named set \(gsm8k-test, gsm8k-train"
+    ):
+        load_tasks("no-such-thing")
+
+
 def test_rows_without_a_gold_answer_are_skipped_with_a_warning(tmp_path):
     # The math envs refuse such a task at reset (every reward would be 0): drop them at load time instead of
     # failing hours into a run. A JSON null used to become the answer "None".

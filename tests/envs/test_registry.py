@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -23,6 +25,28 @@ def test_check_env(env_id):
     assert report.random_episodes == 1000
     assert report.random_actions >= 1000  # "thousands of random text actions"
     assert 0 < report.invalid_random_actions < report.random_actions  # the fuzz reaches both branches
+
+
+@pytest.mark.parametrize("env_id", ALL_IDS, ids=ALL_IDS)
+def test_pettingzoos_own_api_test_passes_unpatched(env_id):
+    # Regression: api_test raised "'str' object has no attribute 'dtype'" on every built-in env (its dtype check
+    # of observations); check_env passed only because it patched that check out.
+    from pettingzoo.test import api_test
+
+    kwargs = type(mas_envs.make(env_id).unwrapped).conformance_kwargs()
+    env = mas_envs.make(env_id, **kwargs)
+    api_test(env, num_cycles=50)
+    env.reset(seed=0)
+    obs = env.observe(env.agent_selection)
+    assert isinstance(obs, str) and obs.dtype == env.observation_space(env.agent_selection).dtype
+    assert json.loads(json.dumps(obs)) == str(obs) and pickle.loads(pickle.dumps(obs)) == obs
+
+
+def test_check_env_runs_pettingzoos_api_test_itself():
+    import mas_envs.testing as testing
+
+    assert testing.api_test is pettingzoo.test.api_test  # the real one, with nothing patched around it
+    assert not hasattr(testing, "_space_compat")
 
 
 def test_builtin_ids_are_registered_and_versioned():

@@ -155,6 +155,9 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(capsys, tmp_path):
     cfg.to_yaml(ckpt / "config.yaml")
     torch.save({"step": 2}, ckpt / "trainer_state.pt")
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 2, "eval/avg@2": 0.0}\n')
+    (run / "complete.json").write_text(
+        '{"step": 2}\n'
+    )  # written last, once the final evaluation and plots are done
     (run / "tb").mkdir()
     before = _tree(tmp_path)
 
@@ -168,8 +171,12 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(capsys, tmp_path):
     assert _tree(tmp_path) == before  # no eval re-run, no new metrics line, no new events file
 
 
-def test_status_lines_go_through_the_bar_and_library_bars_stay_quiet(capfd, tmp_path):
+def test_status_lines_go_through_the_bar_and_library_bars_stay_quiet(capfd, tmp_path, monkeypatch):
     import io
+
+    import mas_train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "_is_terminal", lambda stream: True)  # the live bar of a terminal
 
     from transformers.utils import logging as hf_logging
 

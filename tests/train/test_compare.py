@@ -98,6 +98,17 @@ def test_report_from_fake_runs(tmp_path):
     assert f"| drmas | {rho['rho']:.2f} | 48 |" in md
 
 
+def test_a_tie_is_written_as_a_tie(tmp_path):
+    # Regression: two modes with the same mean final avg@k were written "drmas < grpo".
+    ev = ((0, 0.25, 0.5), (12, 0.5, 0.75))
+    dirs = [write_fake_run(tmp_path / m, mode=m, evals=ev) for m in ("grpo", "drmas", "agent_mean")]
+    write_fake_run(dirs[2], mode="agent_mean", evals=((0, 0.25, 0.5), (12, 0.25, 0.5)))
+    summary = build_report(dirs, tmp_path / "report")
+    assert summary["ranking"] == ["agent_mean", "drmas", "grpo"]
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "Modes by mean final avg@k, lowest first: agent_mean < drmas = grpo." in md
+
+
 def test_spearman_hand_values():
     # d = ranks(x) - ranks(y) = (0, 1, -1, 0): rho = 1 - 6 * 2 / (4 * (16 - 1)) = 0.8
     assert spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
@@ -124,6 +135,7 @@ def test_run_comparison_skips_finished_and_refuses_reserved_flags(tmp_path):
         calls.append((cfg.advantage_mode, cfg.seed, cfg.resume))
         run_dir = tmp_path / "cmp" / "runs" / cfg.run_name
         write_fake_run(run_dir, mode=cfg.advantage_mode, seed=cfg.seed, steps=2, evals=((0, 0, 0), (2, 1, 1)))
+        cfg.to_yaml(run_dir / "config.yaml")  # as mas-train writes it
         (run_dir / "checkpoints" / "step-000002").mkdir(parents=True)
         (run_dir / "checkpoints" / "step-000002" / "trainer_state.pt").write_bytes(b"")
         return {"run_dir": str(run_dir)}
@@ -139,6 +151,33 @@ def test_run_comparison_skips_finished_and_refuses_reserved_flags(tmp_path):
     assert trained == [] and len(calls) == 2
     with pytest.raises(ConfigError, match="sets --seed itself"):
         run_comparison([*flags, "--seed", "1"], ["drmas"], [0], tmp_path / "x", train_fn=fake_train)
+
+    # Regression: a re-run with other settings printed "finished; not re-run" and reported the old runs.
+    changed = [*flags, "--num_generations", "4", "--learning_rate", "5e-4"]  # the plain run has 8 and 1e-4
+    with pytest.raises(ConfigError) as info:
+        run_comparison(changed, ["drmas", "grpo"], [0], tmp_path / "cmp", train_fn=fake_train, log=str)
+    assert str(info.value).startswith(
+        f"{dirs[0]} was trained with other settings than these flags give (learning_rate: 0.0001 -> 0.0005; "
+        "num_generations: 8 -> 4); its results would be reported as this comparison's. Use a new --out"
+    )
+    assert "or --force to move the old runs aside" in str(info.value) and len(calls) == 2
+    # settings that only say where and how a run is logged, or a longer budget, reuse / resume the runs
+    _, trained = run_comparison(
+        [*flags, "--report_to", "jsonl", "--logging_steps", "2"], ["drmas"], [0], tmp_path / "cmp",
+        train_fn=fake_train, log=str,
+    )  # fmt: skip
+    assert trained == [] and len(calls) == 2
+    # --force moves the old runs aside and trains them again
+    logs = []
+    _, trained = run_comparison(
+        changed, ["drmas", "grpo"], [0], tmp_path / "cmp", train_fn=fake_train, log=logs.append, force=True
+    )
+    assert trained == dirs and len(calls) == 4 and calls[-1] == ("grpo", 0, None)
+    assert sorted(p.name.split(".stale-")[0] for p in (tmp_path / "cmp" / "runs").glob("*.stale-*")) == [
+        "drmas__seed0",
+        "grpo__seed0",
+    ]
+    assert any("moved to drmas__seed0.stale-" in x and "(--force)" in x for x in logs)
 
 
 # ~65 s on 2 cores (two tiny trainings): the one end-to-end check that mas-compare cannot rot
@@ -159,6 +198,16 @@ def test_tiny_end_to_end_two_modes_then_rerun_trains_nothing(tmp_path, tiny_qwen
     monkeypatch.setattr(compare, "train_one", lambda cfg: calls.append(cfg) or {})
     assert main(argv) == 0
     assert calls == [] and "finished; not re-run" in capsys.readouterr().out
+    # the same comparison with another learning rate is refused with one line, nothing trained or rewritten
+    before = (tmp_path / "summary.md").read_text()
+    assert main([*argv, "--learning_rate", "5e-4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and err[0].startswith("mas-compare: error: ")
+        and "learning_rate: 1e-05 -> 0.0005" in err[0]
+    )
+    assert calls == [] and (tmp_path / "summary.md").read_text() == before
 
 
 def test_pool_ray_refusals(tmp_path):

@@ -593,6 +593,87 @@ def test_grpo_honoured_settings_are_grpo_config_fields():
     }
 
 
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (
+            ["--grpo.loss_type", "foo"],
+            r"grpo.loss_type must be one of \['grpo', 'dr_grpo', 'dapo'.*got 'foo'",
+        ),
+        (["--grpo.loss_type", "drgrpo"], r"got 'drgrpo'. Did you mean 'dr_grpo'"),
+        (["--grpo.importance_sampling_level", "seq"], r"importance_sampling_level must be one of \['token'"),
+        (["--grpo.vllm_importance_sampling_mode", "mask"], r"vllm_importance_sampling_mode must be one of"),
+        (
+            ["--model_sharing", "per_agent", "--model_groups.solver.grpo.loss_type", "x"],
+            r"model_groups.solver",
+        ),
+        (["--grpo.optim", "adam"], r"grpo.optim must be one of \['adamw_torch'"),
+        (["--lr_scheduler_type", "cosin"], r"lr_scheduler_type must be one of .*Did you mean 'cosine'"),
+        (["--agents.solver.lr_scheduler_type", "nope"], r"agents.solver: lr_scheduler_type must be one of"),
+    ],
+)
+def test_enumerated_settings_are_checked_at_start_up(argv, match):
+    # Regression: `--grpo.loss_type foo` loaded the model and ran a rollout before TRL raised (18 s, a run folder).
+    with pytest.raises(ConfigError, match=match):
+        parse_args(argv)
+    ok = parse_args(["--grpo.loss_type", "dr_grpo", "--grpo.optim", "adamw_torch"])
+    assert ok.grpo == {"loss_type": "dr_grpo", "optim": "adamw_torch"}
+
+
+def test_enumerated_values_are_the_ones_trl_and_transformers_accept():
+    trl = pytest.importorskip("trl")
+    from transformers.trainer_utils import SchedulerType
+
+    from mas_train.config import GRPO_CHOICES
+    from mas_train.config.common import LR_SCHEDULER_TYPES
+
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(trl.GRPOConfig)}
+    for key, values in GRPO_CHOICES.items():
+        listed = re.search(r"Supported (?:values|options) are:? (.*?)\.", helps[key])
+        quoted = re.findall(r"'(\w+)'", listed.group(1) if listed else helps[key])
+        assert set(quoted) == set(values), key
+    assert set(LR_SCHEDULER_TYPES) == {s.value for s in SchedulerType}
+
+
+def test_settings_a_run_cannot_honour_are_refused():
+    # Regression: LoRA settings on a frozen group were dropped silently, and G = 1 trained on all-zero advantages.
+    with pytest.raises(ConfigError, match=r"model_groups.verifier.lora is set but the group is frozen"):
+        parse_args(
+            ["--model_sharing", "per_agent", "--model_groups.verifier.trainable", "false"]
+            + ["--model_groups.verifier.lora.r", "8"]
+        ).resolve(AGENTS)
+    with pytest.raises(ConfigError, match=r"lora is set but every model group is frozen"):
+        parse_args(["--trainable", "false", "--lora.r", "8"]).resolve(AGENTS)
+    with pytest.raises(ConfigError, match=r"lora is set but every model group is frozen"):
+        TrainConfig.from_dict({"trainable": False, "lora": {"r": 8}}).resolve(AGENTS)
+    with pytest.raises(
+        ConfigError, match=r"num_generations must be >= 2: .* every trajectory's advantage is 0"
+    ):
+        parse_args(["--num_generations", "1"])
+    with pytest.raises(ConfigError, match=r"num_generations must be >= 2"):
+        parse_args(["--num_generations", "1", "--advantage_scope", "batch"])  # one task per step: still 0
+    ok = parse_args(["--num_generations", "1", "--advantage_scope", "batch", "--tasks_per_step", "4"])
+    assert ok.num_generations == 1  # the batch baseline compares the step's 4 tasks
+
+
+def test_a_frozen_plain_run_keeps_the_laptop_setting_without_its_adapter():
+    # the laptop preset's lora is not the user's setting: a frozen plain run leaves it out instead of refusing
+    from mas_train.config.train import laptop_layer
+
+    assert "lora" in laptop_layer([{}])[0] and "lora" not in laptop_layer([{"trainable": False}])[0]
+    assert parse_args(["--trainable", "false"]).lora is None
+
+
+def test_negative_numbers_in_any_notation_are_flag_values():
+    # Regression: `--learning_rate -1e-4` got argparse's "expected one argument" instead of our range check.
+    with pytest.raises(ConfigError, match=r"learning_rate must be >= 0, got -0.0001"):
+        parse_args(["--learning_rate", "-1e-4"])
+    cfg = parse_args(["--grpo.beta", "-1e-3", "--env_kwargs.offset", "-2.5E+1", "--seed", "-3"])
+    assert (cfg.grpo, cfg.env_kwargs, cfg.seed) == ({"beta": -0.001}, {"offset": -25.0}, -3)
+    with pytest.raises(ConfigError, match=r"temperature must be >= 0, got -0.01"):
+        parse_eval_args(["--model", "tiny-qwen3", "--temperature", "-1e-2"])
+
+
 def test_every_example_config_parses():
     import warnings
     from pathlib import Path
@@ -743,10 +824,25 @@ def test_eval_config_parses_the_mas_eval_flags():
     assert parse_eval_args(["--checkpoint", "runs/x", "--initial"]).initial is True
 
 
+def test_mas_eval_of_a_checkpoint_defaults_to_the_runs_evaluation_size():
+    # Regression: on a run that evaluated 2 tasks x k=2, `mas-eval --checkpoint RUN` ran all 1319 tasks x k=4.
+    run = TrainConfig(eval_k=2, eval_num_tasks=3)
+    assert parse_eval_args(["--checkpoint", "r"]).evaluation_size(run) == (2, 3)
+    assert parse_eval_args(["--checkpoint", "r", "--k", "5", "--num_tasks", "0"]).evaluation_size(run) == (
+        5,
+        None,
+    )
+    assert parse_eval_args(["--checkpoint", "r", "--data", "math500"]).evaluation_size(run) == (2, None)
+    assert parse_eval_args(["--model", "m"]).evaluation_size(run) == (
+        4,
+        None,
+    )  # no run: the defaults, all tasks
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--num_tasks", "-1"], r"^num_tasks must be >= 1 or None, got -1$"),
+        (["--num_tasks", "-1"], r"^num_tasks must be >= 0 or None, got -1$"),
         (["--tasks_per_batch", "0"], r"^tasks_per_batch must be >= 1, got 0$"),
         (["--checkpoint", "a", "--model", "b"], "not both"),
         (["--initial"], "give --checkpoint"),

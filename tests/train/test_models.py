@@ -140,6 +140,28 @@ def test_offline_missing_model_says_what_to_do(tmp_path):
         load_model_and_tokenizer(str(tmp_path / "missing"))
 
 
+def test_a_model_that_is_not_there_gets_the_hint_that_fits_its_name(tmp_path, tiny_qwen3_path):
+    # Regression: a missing local folder was told to `hf download /tmp/...`; a mistyped builtin got no suggestion.
+    from mas_train.models import ModelNotFoundError, check_model_source
+
+    missing = str(tmp_path / "missing")
+    for load in (check_model_source, load_model_and_tokenizer):
+        with pytest.raises(ModelNotFoundError, match=r"no such folder") as info:
+            load(missing)
+        assert "hf download" not in str(info.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match=r"is a folder but not a Hugging Face model folder"):
+        check_model_source(str(tmp_path / "empty"))
+    with pytest.raises(ModelNotFoundError, match=r"did you mean 'tiny-qwen3'\?.*`hf download tiny-qwen`"):
+        check_model_source("tiny-qwen")
+    with pytest.raises(
+        ModelNotFoundError, match=r"not in the local Hugging Face cache.*`hf download Qwen/Qwen3-4B`"
+    ):
+        check_model_source("Qwen/Qwen3-4B")  # the README's --agent_models example, offline
+    check_model_source("tiny-qwen3")  # builtins and real model folders pass (no exception)
+    check_model_source(tiny_qwen3_path)
+
+
 def test_bad_dtype_is_explained(tiny_qwen3_path):
     with pytest.raises(ValueError, match="unknown dtype 'fp33'"):
         load_model_and_tokenizer(tiny_qwen3_path, dtype="fp33")

@@ -44,7 +44,16 @@ def bad_files(tmp_path):
     no_question.write_text(json.dumps({"text": "1+1?", "label": "2"}) + "\n")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    return {"noq": str(no_question), "empty": str(empty), "missing": str(tmp_path / "missing.jsonl")}
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(
+        json.dumps({"question": "1+1?", "answer": "2"}) + '\n{"question": "2+2?", "answer": 4\n'
+    )
+    return {
+        "noq": str(no_question),
+        "empty": str(empty),
+        "broken": str(broken),
+        "missing": str(tmp_path / "missing.jsonl"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -54,9 +63,28 @@ def bad_files(tmp_path):
         (["--env_kwargs.max_loop", "3"], ["max_loop", "env_kwargs"]),
         (["--eval_data", "{missing}"], ["missing.jsonl"]),
         (["--train_data", "{noq}"], ["data_fields"]),
-        (["--train_data", "{empty}"], ["empty.jsonl"]),
+        (["--train_data", "{empty}"], ["empty.jsonl is empty"]),
+        (["--train_data", "{broken}"], ["broken.jsonl, line 2: not valid JSON"]),
+        (["--eval_data", "{broken}"], ["eval_data", "broken.jsonl, line 2"]),
+        (["--train_data", "gsm8k-trian"], ["did you mean 'gsm8k-train'"]),
         (["--max_steps", "ten"], ["max_steps"]),
         (["--grpo.repetition_penalty", "1.1"], ["repetition_penalty"]),
+        (["--grpo.loss_type", "foo"], ["grpo.loss_type must be one of", "'foo'"]),
+        (["--model", "does-not/exist"], ["'does-not/exist' is not a builtin", "hf download does-not/exist"]),
+        (["--model", "{missing_dir}"], ["no such folder"]),
+        (["--model", "tiny-qwen"], ["did you mean 'tiny-qwen3'?"]),
+        (
+            ["--model_sharing", "per_agent", "--agent_models", "solver=Qwen/Qwen3-4B,verifier=tiny-qwen3"],
+            ["model group 'solver' (solver)", "Qwen/Qwen3-4B", "not in the local Hugging Face cache"],
+        ),
+        (
+            ["--model", "tiny-qwen3", "--model_groups.shared.backend", "openai"]
+            + ["--model_groups.shared.trainable", "false"]
+            + ["--model_groups.shared.backend_options", "base_url=http://127.0.0.1:9/v1,model=m"],
+            ["OPENAI_API_KEY", "api_key_env"],
+        ),
+        (["--num_generations", "1"], ["num_generations must be >= 2"]),
+        (["--trainable", "false", "--lora.r", "8"], ["every model group is frozen"]),
     ],
     ids=[
         "unknown-env",
@@ -64,11 +92,26 @@ def bad_files(tmp_path):
         "missing-eval-data",
         "no-question-column",
         "empty-file",
+        "broken-jsonl-line",
+        "broken-eval-jsonl-line",
+        "misspelled-set-name",
         "bad-type",
         "unhonoured-grpo",
+        "bad-loss-type",
+        "hub-model-not-there",
+        "local-model-folder-not-there",
+        "mistyped-builtin",
+        "readme-agent-models-offline",
+        "openai-without-key",
+        "one-generation",
+        "lora-on-frozen-run",
     ],
 )
-def test_user_mistakes_are_one_error_line_before_any_model_loads(argv, needles, bad_files, tmp_path, capsys):
+def test_user_mistakes_are_one_error_line_before_any_model_loads(
+    argv, needles, bad_files, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    bad_files = {**bad_files, "missing_dir": str(tmp_path / "no-model-here")}
     argv = [a.format(**bad_files) for a in argv] + ["--output_dir", str(tmp_path / "runs")]
     _assert_user_error(*_run(train_main, argv, capsys), *needles)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("checkpoints"))
@@ -98,23 +141,35 @@ def test_custom_env_without_eval_data_fails_fast_naming_eval_data(monkeypatch, t
         (["--num_tasks", "-1"], ["num_tasks"]),
         (["--tasks_per_batch", "0"], ["tasks_per_batch"]),
         (["--initial"], ["--checkpoint"]),
-        (["--checkpoint", "{missing}"], ["missing"]),
+        (["--checkpoint", "{missing}"], ["--checkpoint", "missing", "not a checkpoint folder"]),
+        (["--checkpoint", "latest", "--output_dir", "{missing}"], ["--checkpoint latest: no checkpoint"]),
         (["--data", "{noq}"], ["data_fields"]),
+        (["--data", "{broken}"], ["broken.jsonl, line 2: not valid JSON"]),
+        (["--data", "{empty}"], ["empty.jsonl is empty"]),
+        (["--model", "{missing_dir}"], ["no such folder"]),
     ],
     ids=[
         "negative-num-tasks",
         "zero-tasks-per-batch",
         "initial-without-checkpoint",
         "no-checkpoint",
+        "no-checkpoint-latest",
         "no-question",
+        "broken-jsonl-line",
+        "empty-file",
+        "local-model-folder-not-there",
     ],
 )
-def test_mas_eval_mistakes_are_one_error_line(argv, needles, bad_files, capsys):
-    argv = [a.format(**bad_files) for a in argv] + ["--model", "tiny-qwen3"] * ("--checkpoint" not in argv)
+def test_mas_eval_mistakes_are_one_error_line(argv, needles, bad_files, capsys, tmp_path):
+    bad_files = {**bad_files, "missing_dir": str(tmp_path / "no-model-here")}
+    given = "--checkpoint" in argv or "--model" in argv
+    argv = [a.format(**bad_files) for a in argv] + ["--model", "tiny-qwen3"] * (not given)
     if "--initial" in argv:
         argv.remove("--model")
         argv.remove("tiny-qwen3")
-    _assert_user_error(*_run(eval_main, argv, capsys), *needles, prog="mas-eval")
+    code, out, err, seconds = _run(eval_main, argv, capsys)
+    _assert_user_error(code, out, err, seconds, *needles, prog="mas-eval")
+    assert "--resume" not in err  # mas-eval has no --resume flag
 
 
 # -- one run, resumed and evaluated -------------------------------------------------------------------------------
@@ -151,10 +206,10 @@ def test_mas_eval_of_the_last_checkpoint_reproduces_the_last_training_eval(tiny_
     evals = [r for r in records if "eval/avg@2" in r]
     assert [r["step"] for r in evals] == [0, 1]  # before the first update, and at the end
     out_file = tmp_path / "eval.json"
-    code = eval_main(
-        ["--checkpoint", str(tiny_run), "--num_tasks", "1", "--k", "2", "--output", str(out_file)]
-    )
+    # no --num_tasks / --k: the run's own evaluation settings (it evaluated 1 task x k=2; the env's set has more)
+    code = eval_main(["--checkpoint", str(tiny_run), "--output", str(out_file)])
     assert code == 0
+    assert "on 1 tasks of the env eval set, k=2" in capsys.readouterr().out
     got = json.loads(out_file.read_text())
     for key in ("eval/avg@2", "eval/pass@2", "eval/reward", "eval/invalid_rate"):
         assert got[key] == evals[-1][key], key

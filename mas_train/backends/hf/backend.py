@@ -174,7 +174,10 @@ class HFBackend(DecodeLoop):
         self._rng = random.Random(seed)
         self._asleep = False
         self._closed = False
-        params = inspect.signature(self._model.forward).parameters
+        # The keywords the model's own forward takes: a PEFT wrapper's forward (or TRL's fused-LM-head patch on
+        # the instance) is (*args, **kwargs) and would hide them, so read the base model class's signature.
+        base = self._model.get_base_model() if hasattr(self._model, "get_base_model") else self._model
+        params = inspect.signature(type(base).forward).parameters
         # transformers 5.x renamed past_key_values to cache (old name deprecated until 5.40)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_last_logits = "logits_to_keep" in params
