@@ -58,6 +58,7 @@ class MultiGroupTrainer:
         eval_tasks: Sequence[Mapping[str, Any]] | None = None,
         probe: Any = None,
     ) -> None:
+        from mas_train.episodes import EpisodeLog
         from mas_train.pools import make_pool
         from mas_train.rollout import RolloutCollector
         from mas_train.startup import make_env_factory
@@ -91,6 +92,13 @@ class MultiGroupTrainer:
         )
         self.step = 0
         self.run_dir = resolved.run_dir
+        self.episodes = EpisodeLog(  # RUN/rollouts/: what the agents said (mas_train.episodes)
+            self.run_dir / "rollouts",
+            per_step=cfg.log_episodes,
+            per_eval=cfg.log_eval_episodes,
+            penalty=self.penalty,
+            seed=cfg.seed,
+        )
         self.last_checkpoint: Path | None = None
         self.last_eval: dict[str, float] = {}
         self.first_eval: dict[str, float] = {}
@@ -167,6 +175,7 @@ class MultiGroupTrainer:
             metrics[f"charts/skipped/{g}"] = 0.0
             metrics.update(update_metrics(g, out))
         self.step += 1
+        self.episodes.train(self.step, batch, adv)
         metrics.update(
             {
                 "time/generate": batch.generate_seconds,
@@ -185,9 +194,15 @@ class MultiGroupTrainer:
         """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`)."""
         from mas_train.eval import eval_sampling, evaluate
 
+        rec = self.episodes.eval_recorder(self.cfg.eval_k, self.step)
         result = evaluate(
-            self.collector, self.eval_tasks, k=self.cfg.eval_k, sampling=eval_sampling(self.resolved)
+            self.collector,
+            self.eval_tasks,
+            k=self.cfg.eval_k,
+            sampling=eval_sampling(self.resolved),
+            on_batch=rec.add if rec else None,
         )
+        self.episodes.write_eval(rec)
         self.last_eval = result
         if not self.first_eval:
             self.first_eval = result
@@ -258,6 +273,7 @@ class MultiGroupTrainer:
 
         cfg = self.cfg
         agents = list(self.resolved.agents)
+        self.episodes.text_sink = getattr(logger, "log_text", None)
         evaluate = bool(cfg.eval_steps)
         start_step = self.step
         if evaluate and self.step == 0 and cfg.eval_before_training:
@@ -329,7 +345,8 @@ def train(
     Returns:
         A summary: ``run_dir``, ``metrics_file``, ``tensorboard_dir``, ``checkpoint``, ``steps``,
         ``wall_seconds``, ``last`` (last step's metrics), ``eval`` (last evaluation), ``first_eval`` (the run's
-        first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths), ``already_complete``
+        first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths), ``report`` (the run's
+        ``report.html``, :mod:`mas_train.tools.report`; ``None`` without jinja2), ``already_complete``
         (``True`` when ``--resume`` pointed at a checkpoint at or past ``max_steps``: nothing was run or written).
 
     Raises:
@@ -358,6 +375,7 @@ def train(
         "eval": {},
         "first_eval": {},
         "plots": [],
+        "report": None,
         "already_complete": False,
     }
     if ckpt is not None:
@@ -449,6 +467,7 @@ def train(
         eval=trainer.last_eval,
         first_eval=trainer.first_eval,
         plots=[str(p) for p in _plots(run_dir, cfg)],
+        report=_report(run_dir),
         wall_seconds=time.perf_counter() - t_start,
     )
     print_summary(summary, out)
@@ -464,3 +483,13 @@ def _plots(run_dir: Path, cfg: Any) -> list[Path]:
     except ImportError:  # matplotlib is part of the train extra; a trimmed install just skips the pictures
         return []
     return list(plot_run(run_dir, run_dir / "plots"))
+
+
+def _report(run_dir: Path) -> str | None:
+    """Write ``run_dir/report.html`` (curves, episodes, step 0 vs last evaluation); its path."""
+    try:
+        from mas_train.tools.report import build_run_report
+
+        return str(build_run_report(run_dir))
+    except ImportError:  # jinja2 is part of the train extra; a trimmed install has no page
+        return None
