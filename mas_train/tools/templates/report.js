@@ -1,6 +1,6 @@
 // mas-report: the episode browser and the side-by-side evaluation view. Plain DOM, no framework.
 // All model and env text reaches the page through textContent / Text nodes only (never innerHTML): it is
-// untrusted, and a completion holding "<script>" must show as text.
+// untrusted, and a completion holding a script element must show as text.
 (function () {
   "use strict";
   const PAGE = 50;
@@ -76,13 +76,13 @@
     box.style.setProperty("--agent", colour[t.speaker] || "#555");
     if (opts.agent && opts.agent !== t.speaker) box.classList.add("dim");
     const head = el("div", "turn-head", el("span", "agent", t.speaker), " turn " + t.turn);
-    if (t.model_group) head.append(" · group " + t.model_group);
+    if (t.model_group && !opts.compact) head.append(" · group " + t.model_group);
     if (t.completion_tokens !== null) {
       const why = t.finish_reason === "length" ? "cut at max_new_tokens" : t.finish_reason === "stop" ? "stopped" : t.finish_reason;
       head.append(" · " + t.completion_tokens + " tokens, " + why);
     }
     head.append(" · score ", el("b", null, num(t.score)));
-    head.append(" · advantage ", el("b", "adv", signed(t.advantage)));
+    if (t.advantage !== null) head.append(" · advantage ", el("b", "adv", signed(t.advantage)));
     if (t.logprob_sum !== null && !opts.compact) head.append(" · logprob sum " + num(t.logprob_sum, 2));
     if (t.invalid) head.append(" ", el("span", "badge bad", "invalid"));
     if (t.skipped) head.append(" ", el("span", "badge warn", "skipped: prompt too long"));
