@@ -11,7 +11,8 @@ whose folder already holds a checkpoint at ``max_steps`` (and, when evaluation i
 ``max_steps``) is not re-run; an unfinished one resumes from its newest checkpoint.
 
 The report (``DIR/summary.md``, ``DIR/summary.json``, ``DIR/reward.png``, ``DIR/grad_norm_<agent>.png``,
-``DIR/lemma_factor.png``) groups runs by ``advantage_mode`` (from each run's ``config.yaml``) and gives, per mode,
+``DIR/lemma_factor.png``, and ``DIR/report.html``: ``mas-report``'s comparison page, linking each run's
+``report.html``) groups runs by ``advantage_mode`` (from each run's ``config.yaml``) and gives, per mode,
 mean ± std over seeds (sample std, ``ddof=1``; none with one seed) of:
 
 * the final eval ``avg@k`` and ``pass@k`` (the last eval line) and the gain ``avg@k`` last − first eval line

@@ -18,7 +18,7 @@ Which episodes (bounded, so a run's files grow by a fixed amount per step):
   step-0 and the last evaluation side by side on them.
 
 The records are built from the collector's :class:`~mas_train.rollout.RolloutBatch` (its samples, trajectories
-and :class:`~mas_train.rollout.EpisodeText`) and the advantages the trainer computed for its samples.
+and :class:`EpisodeText`) and the advantages the trainer computed for its samples.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ import numpy as np
 
 __all__ = [
     "EpisodeLog",
+    "EpisodeText",
+    "TextEvent",
     "EvalRecorder",
     "episode_records",
     "episodes_markdown",
@@ -41,6 +44,41 @@ __all__ = [
     "step_file",
     "write_records",
 ]
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    """One line of what an episode said, in the order it happened: an agent's action or an env message.
+
+    Attributes:
+        speaker: the agent name, or ``"env"`` for an env message (a tool result such as retrieved passages).
+        turn: the global turn index (``infos[agent]["turn"]``; an env message carries the turn it belongs to).
+        text: the action text exactly as the env received it, or the env message.
+        invalid: the env judged the action malformed (always ``False`` for env messages).
+        messages: the agent's prompt as chat messages (``None`` for env messages).
+        skipped: the turn was skipped for a prompt over ``max_prompt_length`` (the env got ``""``; no sample).
+    """
+
+    speaker: str
+    turn: int
+    text: str
+    invalid: bool = False
+    messages: Sequence[Mapping[str, str]] | None = None
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class EpisodeText:
+    """The text of one episode (one per env copy, parallel to :attr:`mas_train.rollout.RolloutBatch.trajectories`).
+
+    ``events`` interleave the collector's agent turns with the env's own messages where the env keeps a
+    transcript (``TextAECEnv.transcript``: ``TranscriptEntry`` rows, speaker ``"env"`` for env messages); an
+    env without one gives the agent turns only. :func:`episode_records` turns these into episode records.
+    """
+
+    traj_uid: str
+    task: Mapping[str, Any]
+    events: tuple[TextEvent, ...]
 
 
 def step_file(folder: str | Path, step: int) -> Path:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.episodes import EpisodeText, TextEvent
 
 
 @dataclass(frozen=True)
@@ -97,41 +98,6 @@ class Trajectory:
     num_turns: int
     turns_per_agent: dict[str, int]
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TextEvent:
-    """One line of what an episode said, in the order it happened: an agent's action or an env message.
-
-    Attributes:
-        speaker: the agent name, or ``"env"`` for an env message (a tool result such as retrieved passages).
-        turn: the global turn index (``infos[agent]["turn"]``; an env message carries the turn it belongs to).
-        text: the action text exactly as the env received it, or the env message.
-        invalid: the env judged the action malformed (always ``False`` for env messages).
-        messages: the agent's prompt as chat messages (``None`` for env messages).
-        skipped: the turn was skipped for a prompt over ``max_prompt_length`` (the env got ``""``; no sample).
-    """
-
-    speaker: str
-    turn: int
-    text: str
-    invalid: bool = False
-    messages: Sequence[Mapping[str, str]] | None = None
-    skipped: bool = False
-
-
-@dataclass(frozen=True)
-class EpisodeText:
-    """The text of one episode (one per env copy, parallel to :attr:`RolloutBatch.trajectories`).
-
-    ``events`` interleave the collector's agent turns with the env's own messages where the env keeps a
-    transcript (``TextAECEnv.transcript``: ``TranscriptEntry`` rows, speaker ``"env"`` for env messages); an
-    env without one gives the agent turns only. :mod:`mas_train.episodes` turns these into episode records.
-    """
-
-    traj_uid: str
-    task: Mapping[str, Any]
-    events: tuple[TextEvent, ...]
 
 
 @dataclass
@@ -257,7 +223,7 @@ class RolloutBatch:
         ticks: number of lock-step ticks.
         generate_seconds: wall time spent inside backend ``generate`` calls.
         env_seconds: wall time spent in env ``reset``/``step`` and chat-template rendering.
-        texts: one :class:`EpisodeText` per env copy, in the order of ``trajectories`` (what was said).
+        texts: one :class:`~mas_train.episodes.EpisodeText` per env copy, in the order of ``trajectories`` (what was said).
     """
 
     samples: list[Sample]

@@ -116,7 +116,9 @@ def test_tiny_end_to_end_train_then_eval(tmp_path):
     from mas_train.episodes import read_episodes
 
     episodes = read_episodes(run / "rollouts")
-    assert [p.name for p in sorted((run / "rollouts").iterdir())] == [f"step-00000{i}.jsonl" for i in range(3)]
+    assert [p.name for p in sorted((run / "rollouts").iterdir())] == [
+        f"step-00000{i}.jsonl" for i in range(3)
+    ]
     assert [(r["kind"], r["step"]) for r in episodes] == [("eval", 0), ("train", 1), ("train", 1)] + [
         ("train", 2),
         ("train", 2),
