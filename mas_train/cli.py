@@ -160,6 +160,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
             max_prompt_length=cfg.max_prompt_length,
             seed=cfg.seed,
         )
+        recorder = _eval_recorder(ev, ckpt, probe)
         bar = tqdm(total=len(tasks), desc="mas-eval", unit="task", dynamic_ncols=True)
         try:
             metrics = evaluate(
@@ -171,6 +172,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
                 ),
                 tasks_per_batch=ev.tasks_per_batch,
                 progress=lambda done, total: bar.update(done - bar.n),
+                on_batch=recorder.add if recorder else None,
             )
         finally:
             bar.close()
@@ -182,7 +184,36 @@ def run_eval(ev, out=None) -> dict[str, float]:
     if ev.output:
         Path(ev.output).write_text(json.dumps(metrics, indent=1))
         print(f"  written to {ev.output}", file=out)
+        if recorder is not None:
+            from mas_train.episodes import write_records
+
+            path = write_records(_episodes_path(ev.output), recorder.records)
+            print(f"  {len(recorder.records)} episodes written to {path}", file=out)
     return metrics
+
+
+def _episodes_path(output: str) -> Path:
+    """``eval.json`` -> ``eval.episodes.jsonl``: where ``mas-eval --output`` puts the episodes."""
+    p = Path(output)
+    return p.with_name((p.stem if p.suffix else p.name) + ".episodes.jsonl")
+
+
+def _eval_recorder(ev, ckpt, probe):
+    """The :class:`~mas_train.episodes.EvalRecorder` of ``mas-eval --output`` (``None``: no episodes to write);
+    its records carry the checkpoint's step (0 for initial weights or a plain model)."""
+    import re
+
+    from mas_train.episodes import EvalRecorder
+
+    if not ev.output or ev.log_episodes == 0:
+        return None
+    found = re.search(r"(\d+)$", ckpt.name) if ckpt is not None and not ev.initial else None
+    return EvalRecorder(
+        ev.k,
+        float(probe.unwrapped.invalid_action_penalty),
+        limit=ev.log_episodes,
+        step=int(found.group(1)) if found else 0,
+    )
 
 
 def eval_main(argv: Sequence[str] | None = None) -> int:

@@ -69,6 +69,7 @@ def evaluate(
     seed_step: int = EVAL_SEED_STEP,
     tasks_per_batch: int = 8,
     progress: Any = None,
+    on_batch: Any = None,
 ) -> dict[str, float]:
     """Run ``k`` episodes of every task and score them.
 
@@ -81,6 +82,8 @@ def evaluate(
         seed_step: mixed into the env/sampling seeds (negative values keep eval seeds apart from training).
         tasks_per_batch: tasks collected together (bounds memory: ``tasks_per_batch * k`` episodes at once).
         progress: optional callable ``progress(done_tasks, total_tasks)``.
+        on_batch: optional callable given each :class:`~mas_train.rollout.RolloutBatch` (``k`` episodes per
+            task, task-major, in task order), e.g. :meth:`mas_train.episodes.EvalRecorder.add`.
 
     Returns:
         Flat metrics: ``eval/avg@k``, ``eval/pass@k``, ``eval/<source>/avg@k``, ``eval/<source>/pass@k``,
@@ -120,6 +123,8 @@ def evaluate(
         for smp in batch.samples:
             invalid.append(smp.invalid)
             invalid_by_agent.setdefault(smp.agent, []).append(smp.invalid)
+        if on_batch is not None:
+            on_batch(batch)
         if progress is not None:
             progress(min(start + tasks_per_batch, len(tasks)), len(tasks))
     out = {f"eval/{key}": v for key, v in pass_at_k_and_avg_at_k(uids, succ, sources, k=k).items()}

@@ -123,6 +123,11 @@ def print_summary(s: Mapping[str, Any], out) -> None:
         print(f"  tensorboard:  tensorboard --logdir {s['tensorboard_dir']}", file=out)
     for p in s.get("plots") or []:
         print(f"  plot:         {p}", file=out)
+    if s.get("report"):
+        print(
+            f"  report:       {s['report']}  (open it in a browser; episodes in {s['run_dir']}/rollouts)",
+            file=out,
+        )
     if s["checkpoint"]:
         print(f"  checkpoint:   {s['checkpoint']}  (continue with --resume {s['run_dir']})", file=out)
     out.flush()

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from mas_train.backends.base import ChatBackend, GenerationOutput, SamplingParams
+from mas_train.episodes import EpisodeText, TextEvent
 
 
 @dataclass(frozen=True)
@@ -114,11 +115,14 @@ class _Turn:
 class _Episode:
     """One env copy during :meth:`RolloutCollector.collect`: its ids, turns so far and, at the end, outcome."""
 
-    def __init__(self, env: Any, task_uid: str, traj_uid: str, data_source: str) -> None:
+    def __init__(self, env: Any, task_uid: str, traj_uid: str, data_source: str, task: Mapping) -> None:
         self.env = env
         self.task_uid = task_uid
         self.traj_uid = traj_uid
         self.data_source = data_source
+        self.task = task
+        self.said: list[TextEvent] = []  # the agents' actions, in order
+        self.transcript: list[Any] = []  # the env's own transcript at the end (TranscriptEntry rows), if any
         self.turns: list[_Turn] = []
         self.turn_counts: dict[str, int] = defaultdict(int)
         self.live = True
@@ -126,15 +130,17 @@ class _Episode:
         self.success = False
         self.metrics: dict[str, float] = {}
 
-    def step(self, agent: str, action: str, turn: _Turn | None) -> None:
-        """Apply ``agent``'s action; record ``turn`` (``None`` for a skipped turn); finish the episode when
-        every agent is done."""
+    def step(self, agent: str, action: str, turn: _Turn | None, messages: Any = None, at: int = 0) -> None:
+        """Apply ``agent``'s action; record ``turn`` (``None`` for a skipped turn) and what was said (the
+        prompt ``messages`` of turn ``at``); finish the episode when every agent is done."""
         env = self.env
         env.step(action)
         self.turn_counts[agent] += 1
         info = env.infos.get(agent, {})
+        invalid = bool(info.get("invalid_action", False))
+        self.said.append(TextEvent(agent, at, action, invalid, messages, skipped=turn is None))
         if turn is not None:
-            turn.invalid = bool(info.get("invalid_action", False))
+            turn.invalid = invalid
             self.turns.append(turn)
         # Episode end: every remaining agent is done. Read the outcome now: the dead steps below remove the
         # agents and with them their infos.
@@ -143,6 +149,7 @@ class _Episode:
             self.team_reward = float(end_info.get("team_reward", 0.0))
             self.success = bool(end_info.get("success", False))
             self.metrics = {str(k): float(v) for k, v in end_info.get("episode_metrics", {}).items()}
+            self.transcript = list(getattr(getattr(env, "unwrapped", env), "transcript", None) or ())
             while env.agents:
                 env.step(None)  # PettingZoo dead steps
             self.live = False
@@ -177,6 +184,19 @@ class _Episode:
             for t in self.turns
         ]
 
+    def text(self) -> EpisodeText:
+        if not self.transcript:
+            return EpisodeText(self.traj_uid, self.task, tuple(self.said))
+        # The env's transcript has one row per live step, in order: its agent rows are our actions (which
+        # carry the prompt), its "env" rows the env's messages between them.
+        actions = iter(self.said)
+        events = [
+            TextEvent("env", int(e.turn), str(e.text)) if e.speaker == "env" else next(actions, None)
+            for e in self.transcript
+        ]
+        events = [e for e in events if e is not None] + list(actions)
+        return EpisodeText(self.traj_uid, self.task, tuple(events))
+
     def trajectory(self) -> Trajectory:
         return Trajectory(
             task_uid=self.task_uid,
@@ -203,6 +223,7 @@ class RolloutBatch:
         ticks: number of lock-step ticks.
         generate_seconds: wall time spent inside backend ``generate`` calls.
         env_seconds: wall time spent in env ``reset``/``step`` and chat-template rendering.
+        texts: one :class:`~mas_train.episodes.EpisodeText` per env copy, in the order of ``trajectories`` (what was said).
     """
 
     samples: list[Sample]
@@ -212,6 +233,7 @@ class RolloutBatch:
     ticks: int = 0
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
+    texts: list[EpisodeText] = field(default_factory=list)
 
 
 class Generator(Protocol):
@@ -418,6 +440,7 @@ class RolloutCollector:
                         task_uid=f"{uid_prefix}{t_idx}:{tid}",
                         traj_uid=f"{uid_prefix}{t_idx}:{tid}/{g}",
                         data_source=str(row.get("data_source", "unknown")),
+                        task=row,
                     )
                 )
         t_env += time.perf_counter() - t0
@@ -450,7 +473,7 @@ class RolloutCollector:
                 turn = int(info.get("turn", ep.turn_counts[agent]))
                 if self.max_prompt_length is not None and len(prompt) > self.max_prompt_length:
                     overflows[agent] += 1
-                    ep.step(agent, "", None)
+                    ep.step(agent, "", None, info["messages"], turn)
                     continue
                 sp = self._sampling_for(
                     ep.env, agent, sampling_override, request_seed(self.seed, step, i, turn)
@@ -489,7 +512,8 @@ class RolloutCollector:
                     text = (out.meta or {}).get("env_text")
                     if text is None:
                         text = tok.decode(out.completion_ids, skip_special_tokens=True)
-                    episodes[i].step(pending.agent, text, pending)
+                    messages = episodes[i].env.infos[pending.agent]["messages"]
+                    episodes[i].step(pending.agent, text, pending, messages, pending.turn)
                 t_env += time.perf_counter() - t0
 
         return RolloutBatch(
@@ -500,4 +524,5 @@ class RolloutCollector:
             ticks=ticks,
             generate_seconds=t_gen,
             env_seconds=t_env,
+            texts=[ep.text() for ep in episodes],
         )

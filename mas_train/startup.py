@@ -44,6 +44,8 @@ RESUMABLE_CHANGES = frozenset(
     {
         "max_steps",
         "logging_steps",
+        "log_episodes",
+        "log_eval_episodes",
         "save_steps",
         "save_total_limit",
         "eval_steps",

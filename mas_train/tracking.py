@@ -104,6 +104,16 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Record a markdown ``text`` under ``tag`` at ``step`` (TensorBoard's Text tab, beside the scalars).
+
+        Only TensorBoard takes text; the JSONL sink has the episodes in ``RUN/rollouts/`` instead
+        (:mod:`mas_train.episodes`), and W&B gets none.
+        """
+        if self._tb is not None:
+            self._tb.add_text(tag, text, step)
+            self._tb.flush()
+
     def _replace_stale(self, line: dict[str, Any]) -> None:
         kept, stale = self._pending
         step = line["step"]

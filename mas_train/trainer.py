@@ -39,6 +39,7 @@ from mas_train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from mas_train.episodes import EpisodeLog
 from mas_train.eval import eval_sampling, evaluate
 from mas_train.hosting.pools import make_pool
 from mas_train.hosting.protocols import WorkerPool
@@ -109,6 +110,13 @@ class MultiGroupTrainer:
         )
         self.step = 0
         self.run_dir = resolved.run_dir
+        self.episodes = EpisodeLog(  # RUN/rollouts/: what the agents said (mas_train.episodes)
+            self.run_dir / "rollouts",
+            per_step=cfg.log_episodes,
+            per_eval=cfg.log_eval_episodes,
+            penalty=self.penalty,
+            seed=cfg.seed,
+        )
         self.last_checkpoint: Path | None = None
         self.last_eval: dict[str, float] = {}
         self.first_eval: dict[str, float] = {}
@@ -181,6 +189,7 @@ class MultiGroupTrainer:
             metrics[f"charts/skipped/{g}"] = 0.0
             metrics.update(update_metrics(g, out))
         self.step += 1
+        self.episodes.train(self.step, batch, adv)
         metrics.update(
             {
                 "time/generate": batch.generate_seconds,
@@ -198,9 +207,15 @@ class MultiGroupTrainer:
     def evaluate(self) -> dict[str, float]:
         """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`)."""
 
+        rec = self.episodes.eval_recorder(self.cfg.eval_k, self.step)
         result = evaluate(
-            self.collector, self.eval_tasks, k=self.cfg.eval_k, sampling=eval_sampling(self.resolved)
+            self.collector,
+            self.eval_tasks,
+            k=self.cfg.eval_k,
+            sampling=eval_sampling(self.resolved),
+            on_batch=rec.add if rec else None,
         )
+        self.episodes.write_eval(rec)
         self.last_eval = result
         if not self.first_eval:
             self.first_eval = result
@@ -272,6 +287,7 @@ class MultiGroupTrainer:
 
         cfg = self.cfg
         agents = list(self.resolved.agents)
+        self.episodes.text_sink = getattr(logger, "log_text", None)
         evaluate = bool(cfg.eval_steps)
         start_step = self.step
         if evaluate and self.step == 0 and cfg.eval_before_training:
@@ -359,7 +375,8 @@ def train(
         A summary: ``run_dir``, ``metrics_file``, ``tensorboard_dir``, ``checkpoint``, ``steps`` (the run's step
         at the end), ``steps_run`` (training steps this call ran), ``start_step`` (the step it resumed at, 0 for
         a new run), ``wall_seconds``, ``last`` (last step's metrics), ``eval`` (last evaluation), ``first_eval``
-        (the run's first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths),
+        (the run's first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths), ``report`` (the run's
+        ``report.html``, :mod:`mas_train.tools.report`; ``None`` without jinja2),
         ``already_complete`` (``True`` when ``--resume`` pointed at a complete run at or past ``max_steps``:
         nothing was run or written), ``finished_only`` (``True`` when only a missing final evaluation / plots
         were done).
@@ -390,7 +407,7 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
         "tensorboard_dir": str(run_dir / "tb") if "tensorboard" in cfg.report_to else None,
         "checkpoint": str(ckpt) if ckpt else None,
         **dict.fromkeys(("steps", "steps_run", "start_step"), 0),
-        **{"last": {}, "eval": {}, "first_eval": {}, "plots": []},
+        **{"last": {}, "eval": {}, "first_eval": {}, "plots": [], "report": None},
         **dict.fromkeys(("already_complete", "finished_only"), False),
     }
     finishing = False
@@ -490,6 +507,7 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
         eval=trainer.last_eval,
         first_eval=trainer.first_eval,
         plots=[str(p) for p in _plots(run_dir, cfg)],
+        report=_report(run_dir),
         wall_seconds=time.perf_counter() - t_start,
     )
     if trainer.step >= cfg.max_steps:
@@ -514,3 +532,13 @@ def _plots(run_dir: Path, cfg: Any) -> list[Path]:
     except ImportError:  # matplotlib is part of the train extra; a trimmed install just skips the pictures
         return []
     return list(plot_run(run_dir, run_dir / "plots"))
+
+
+def _report(run_dir: Path) -> str | None:
+    """Write ``run_dir/report.html`` (curves, episodes, step 0 vs last evaluation); its path."""
+    try:
+        from mas_train.tools.report import build_run_report
+
+        return str(build_run_report(run_dir))
+    except ImportError:  # jinja2 is part of the train extra; a trimmed install has no page
+        return None

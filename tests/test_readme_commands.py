@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("trl")
 
 ROOT = Path(__file__).resolve().parents[1]
-PROGRAMS = ("mas-train", "mas-eval", "mas-index", "mas-plot", "mas-compare", "mas-export")
+PROGRAMS = ("mas-train", "mas-eval", "mas-index", "mas-plot", "mas-compare", "mas-export", "mas-report")
 SHRINK = [
     "--num_generations", "2", "--tasks_per_step", "1", "--sampling.max_new_tokens", "4",
     "--eval_num_tasks", "1", "--eval_k", "1", "--eval_steps", "1", "--save_steps", "1", "--report_to", "jsonl",
@@ -116,6 +116,8 @@ def _main(prog: str):
         from mas_train.tools.plots import main
     elif prog == "mas-export":
         from mas_train.tools.export import main
+    elif prog == "mas-report":
+        from mas_train.tools.report import main
     else:
         from mas_train.tools.compare import main
 

@@ -56,6 +56,10 @@ DEFAULT_EVAL_NUM_TASKS: int | None = 2
 DEFAULT_EVAL_TEMPERATURE = 0.6  # the reference's validation sampling (temperature 0.6, top_p 0.95)
 DEFAULT_EVAL_TOP_P = 0.95
 DEFAULT_EVAL_TASKS_PER_BATCH = 8
+# Episodes written to RUN/rollouts/ (mas_train.episodes): per training step, and eval tasks per evaluation.
+# Their size on disk: docs/training.md ("Episode records").
+DEFAULT_LOG_EPISODES = 4
+DEFAULT_LOG_EVAL_EPISODES = 16
 
 # The laptop setting of an env: what a plain run of it with the default model trains on, so that the default run
 # learns where a 135M model can (the paper's GSM8K prompts give it reward 0 and its verifier no verdict at all).

@@ -142,7 +142,16 @@ class EvalConfig:
     )
     seed: int | None = _help("Sampling seed. None = the checkpoint's run seed, else 0.", default=None)
     output_dir: str = _help("Where 'latest' checkpoints are searched.", default="runs")
-    output: str | None = _help("Also write the metrics as JSON to this file.", default=None)
+    output: str | None = _help(
+        "Also write the metrics as JSON to this file, and the episodes (mas-train's episode records) to its "
+        ".episodes.jsonl twin (eval.json -> eval.episodes.jsonl).",
+        default=None,
+    )
+    log_episodes: int | None = _help(
+        "With --output: which episodes go to the .episodes.jsonl file. None = every episode; N = the first "
+        "episode of each of the first N tasks (as mas-train's log_eval_episodes); 0 = none.",
+        default=None,
+    )
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None and self.model is not None:
@@ -154,6 +163,7 @@ class EvalConfig:
         check_min("k", self.k, 1, none_ok=True)
         check_min("num_tasks", self.num_tasks, 0, none_ok=True)
         check_min("tasks_per_batch", self.tasks_per_batch, 1)
+        check_min("log_episodes", self.log_episodes, 0, none_ok=True)
         check_min("max_new_tokens", self.max_new_tokens, 1, none_ok=True)
         if self.temperature is not None and self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")

@@ -93,6 +93,8 @@ _RESERVED = {
     "save_total_limit": "the top-level save_total_limit",
     "eval_steps": "the top-level eval_steps",
     "logging_steps": "the top-level logging_steps",
+    "log_completions": "the top-level log_episodes (episodes in RUN/rollouts/, TensorBoard text, report.html)",
+    "num_completions_to_print": "the top-level log_episodes (episodes in RUN/rollouts/, report.html)",
     "temperature": "sampling.temperature / agents.<a>.sampling.temperature",
     "top_p": "sampling.top_p / agents.<a>.sampling.top_p",
     "top_k": "sampling.top_k / agents.<a>.sampling.top_k",

@@ -20,6 +20,8 @@ from mas_train.config.common import (
     DEFAULT_EVAL_NUM_TASKS,
     DEFAULT_EVAL_STEPS,
     DEFAULT_LEARNING_RATE,
+    DEFAULT_LOG_EPISODES,
+    DEFAULT_LOG_EVAL_EPISODES,
     DEFAULT_MAX_PROMPT_LENGTH,
     DEFAULT_MAX_STEPS,
     DEFAULT_MICRO_BATCH_SIZE,
@@ -210,6 +212,16 @@ class TrainConfig:
         f"Loggers, any of {list(REPORT_TO)}.", default_factory=lambda: ["tensorboard", "jsonl"]
     )
     logging_steps: int = _help("Log metrics every N steps.", default=1)
+    log_episodes: int = _help(
+        "Episodes of each training step written to RUN/rollouts/step-N.jsonl (and TensorBoard text, and the "
+        "run's report.html), half successes and half failures where the step has both; 0 = none.",
+        default=DEFAULT_LOG_EPISODES,
+    )
+    log_eval_episodes: int = _help(
+        "Eval tasks whose first episode each evaluation writes to RUN/rollouts/ (the same tasks every "
+        "evaluation: report.html shows step 0 and the last evaluation side by side); 0 = none.",
+        default=DEFAULT_LOG_EVAL_EPISODES,
+    )
     save_steps: int = _help(
         "Save a checkpoint every N steps (and at the end); 0 = only at the end.", default=DEFAULT_SAVE_STEPS
     )
@@ -272,6 +284,8 @@ class TrainConfig:
             ("micro_batch_size", 1),
             ("num_ranks", 1),
             ("logging_steps", 1),
+            ("log_episodes", 0),
+            ("log_eval_episodes", 0),
             ("save_steps", 0),
             ("eval_steps", 0),
             ("eval_k", 1),

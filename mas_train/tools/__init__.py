@@ -1,0 +1,1 @@
+"""Tools that read finished runs: ``mas-report`` (:mod:`mas_train.tools.report`)."""

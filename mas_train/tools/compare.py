@@ -14,7 +14,8 @@ training starts, since its results would be reported as this comparison's: use a
 move it aside and train it again.
 
 The report (``DIR/summary.md``, ``DIR/summary.json``, ``DIR/reward.png``, ``DIR/grad_norm_<agent>.png``,
-``DIR/lemma_factor.png``) groups runs by ``advantage_mode`` (from each run's ``config.yaml``) and gives, per mode,
+``DIR/lemma_factor.png``, and ``DIR/report.html``: ``mas-report``'s comparison page, linking each run's
+``report.html``) groups runs by ``advantage_mode`` (from each run's ``config.yaml``) and gives, per mode,
 mean ± std over seeds (sample std, ``ddof=1``; none with one seed) of:
 
 * the final eval ``avg@k`` and ``pass@k`` (the last eval line) and the gain ``avg@k`` last − first eval line

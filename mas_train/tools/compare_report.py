@@ -215,8 +215,24 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / "summary.md").write_text(_markdown(modes, _ranking_text(ranked), files, out), encoding="utf-8")
-    summary["files"] = [str(out / "summary.md"), str(out / "summary.json"), *summary["files"]]
+    summary["files"] = [
+        str(out / "summary.md"),
+        str(out / "summary.json"),
+        *summary["files"],
+        *_html(run_dirs, out),
+    ]
     return summary
+
+
+def _html(run_dirs: Sequence[str | Path], out: Path) -> list[str]:
+    """The comparison page ``out/report.html`` and each run's own page (:mod:`mas_train.tools.report`)."""
+    try:
+        from mas_train.tools.report import build_comparison, build_run_report
+    except ImportError:  # jinja2 (train extra) missing: the markdown report stands alone
+        return []
+    if len(run_dirs) == 1:
+        return [str(build_run_report(run_dirs[0]))]
+    return [str(build_comparison(run_dirs, out / "report.html"))]
 
 
 def _ranking_text(ranked: Sequence[tuple[float, str]]) -> str:

@@ -112,6 +112,19 @@ def test_tiny_end_to_end_train_then_eval(tmp_path):
     model_dir = run / "checkpoints" / "step-000002" / "groups" / "shared" / "model"
     assert (model_dir / "config.json").is_file() and (model_dir / "tokenizer.json").is_file()
     assert any((run / "tb").iterdir())
+    # what the agents said: a sample of each step (log_episodes, default 4 > the step's 2) and each evaluation
+    from mas_train.episodes import read_episodes
+
+    episodes = read_episodes(run / "rollouts")
+    assert [p.name for p in sorted((run / "rollouts").iterdir())] == [
+        f"step-00000{i}.jsonl" for i in range(3)
+    ]
+    assert [(r["kind"], r["step"]) for r in episodes] == [("eval", 0), ("train", 1), ("train", 1)] + [
+        ("train", 2),
+        ("train", 2),
+        ("eval", 2),
+    ]
+    assert (run / "report.html").is_file() and f"report:       {run / 'report.html'}" in res.stdout
 
     out = tmp_path / "eval.json"
     res = subprocess.run(
@@ -125,6 +138,10 @@ def test_tiny_end_to_end_train_then_eval(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["eval/num_tasks"] == 2 and 0.0 <= metrics["eval/avg@2"] <= metrics["eval/pass@2"] <= 1.0
+    # --output also writes every episode (2 tasks x k=2), as mas-train's records, at the checkpoint's step
+    recs = read_episodes(tmp_path / "eval.episodes.jsonl")
+    assert [(r["kind"], r["step"], r["sample"]) for r in recs] == [("eval", 2, 0), ("eval", 2, 1)] * 2
+    assert len({r["task_id"] for r in recs}) == 2 and "4 episodes written to" in res.stdout
 
 
 def test_help_for_resume_names_every_accepted_form(capsys, monkeypatch):

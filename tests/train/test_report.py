@@ -1,0 +1,167 @@
+"""mas-report's page (mas_train.tools.report) from run folders made of scripted episodes: self-contained, every
+record embedded, model text escaped, the comparison page linking each run's page."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from _train_fakes import ScriptGenerator, make_script_env
+
+from mas_train.backends.base import SamplingParams
+from mas_train.episodes import EvalRecorder, episode_records, read_episodes, step_file, write_records
+from mas_train.rollout import RolloutCollector
+from mas_train.tools.report import _spread, build_comparison, build_run_report, main
+
+pytest.importorskip("jinja2")
+
+XSS = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+TASKS = [
+    {"id": f"t{i}", "question": f"What is {i}+{i}?", "answer": str(2 * i), "data_source": "toy"}
+    for i in range(3)
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from mas_train.models import build_qwen_tokenizer
+
+    return build_qwen_tokenizer()
+
+
+def make_run(tmp_path, tok, name, *, right_at_end=True):
+    """A run folder: config.yaml, metrics.jsonl (eval at 0 and 2, training steps 1-2), rollouts/ of scripted
+    episodes whose solver sometimes answers with HTML."""
+
+    def reply_for(step):
+        def reply(text, sp):
+            if "Verify." in text:
+                return "<verify>approve</verify>"
+            q = re.search(r"What is (\d+)\+", text)
+            right = f"<answer>{2 * int(q.group(1))}</answer>"
+            if step == 2 and right_at_end:
+                return right
+            return right if sp.seed % 2 else XSS
+
+        return reply
+
+    run = tmp_path / name
+    run.mkdir()
+    cfg = {"env": "script", "model": "tiny-qwen3", "advantage_mode": "drmas", "seed": 0, "eval_k": 2}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    lines = [
+        {"step": 0, "time": 100.0, "eval/avg@2": 0.25, "eval/pass@2": 0.5, "eval/reward": 0.25},
+        {
+            "step": 1,
+            "time": 160.0,
+            "charts/reward": 0.5,
+            "charts/success_rate": 0.5,
+            "charts/invalid_rate": 0.25,
+        },
+        {
+            "step": 2,
+            "time": 220.0,
+            "charts/reward": 0.75,
+            "charts/success_rate": 0.75,
+            "charts/invalid_rate": 0.0,
+        },
+        {"step": 2, "time": 280.0, "eval/avg@2": 1.0, "eval/pass@2": 1.0, "eval/reward": 1.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for step in (0, 1, 2):
+        col = RolloutCollector(
+            make_script_env,
+            {"g": ScriptGenerator(tok, reply_for(step))},
+            {"g": tok},
+            {"solver": "g", "verifier": "g"},
+            {a: SamplingParams(max_new_tokens=8) for a in ("solver", "verifier")},
+        )
+        if step:
+            batch = col.collect(TASKS[:2], 2, step=step, uid_prefix=f"{step}/")
+            adv = [0.5] * len(batch.samples)
+            recs = episode_records(batch, [0, 1, 2], penalty=0.1, kind="train", step=step, advantages=adv)
+            write_records(step_file(run / "rollouts", step), recs)
+        if step in (0, 2):
+            rec = EvalRecorder(2, 0.1, limit=3, step=step)
+            rec.add(col.collect(TASKS, 2, step=-1))
+            write_records(step_file(run / "rollouts", step), rec.records, replace_kind="eval")
+    return run
+
+
+def page_data(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S)
+    return json.loads(m.group(1))
+
+
+def test_run_page_is_one_self_contained_file_with_every_episode_escaped(tmp_path, tok):
+    run = make_run(tmp_path, tok, "a")
+    path = build_run_report(run)
+    assert path == run / "report.html"
+    html = path.read_text()
+    records = read_episodes(run / "rollouts")
+    assert len(records) == 12 and sum(XSS in t["text"] for r in records for t in r["transcript"]) > 0
+    # model text never appears as markup: the only script elements are the page's own two
+    assert XSS not in html and "<script>window" not in html and "<img src=x" not in html
+    assert "\\u003c/script\\u003e\\u003cscript\\u003ewindow.__pwned = 1" in html  # carried as escaped JSON
+    assert html.count("<script") == 2 and html.count("</script>") == 2
+    data = page_data(html)
+    assert data["runs"][0]["episodes"] == records  # every record, as written
+    assert data["agents"] == ["solver", "verifier"]
+    assert data["columns"] == [
+        {"run": 0, "step": 0, "label": "step 0 (before training)"},
+        {"run": 0, "step": 2, "label": "step 2"},
+    ]
+    # no network: nothing is loaded from anywhere (figures are data URIs)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html) and "@import" not in html
+    assert re.findall(r'<img src="([^"]{0,22})', html) == ["data:image/png;base64,"] * len(
+        re.findall(r"<img ", html)
+    )
+    assert len(re.findall(r"<img ", html)) >= 2  # reward and eval curves, drawn from metrics.jsonl
+    # the summary: first vs last evaluation and training step, in numbers
+    assert re.search(r"<td>avg@2</td><td>0.25</td><td>1</td><td>\+0.75</td>", html)
+    assert re.search(r"<td>reward</td><td>0.5</td><td>0.75</td>", html)
+    assert "<th>logged over</th><td>3.0 min</td>" in html  # 280 - 100 s
+
+
+def test_page_embeds_a_bounded_spread_of_training_steps(tmp_path, tok):
+    assert _spread(range(1, 11), 4) == {1, 4, 7, 10}
+    assert _spread([3, 1, 2], 5) == {1, 2, 3} and _spread([1, 2, 3], 1) == {3}
+    run = make_run(tmp_path, tok, "a")
+    data = page_data(build_run_report(run, max_train_steps=1).read_text())
+    steps = {(r["kind"], r["step"]) for r in data["runs"][0]["episodes"]}
+    assert steps == {("eval", 0), ("train", 2), ("eval", 2)}  # every evaluation, the last training step
+
+
+def test_comparison_page_links_each_runs_page(tmp_path, tok, capsys):
+    a, b = make_run(tmp_path, tok, "a"), make_run(tmp_path, tok, "b", right_at_end=False)
+    out = build_comparison([a, b], tmp_path / "cmp" / "index.html")
+    html = out.read_text()
+    assert '<a href="../a/report.html">a</a>' in html and '<a href="../b/report.html">b</a>' in html
+    assert (a / "report.html").is_file() and (b / "report.html").is_file()
+    data = page_data(html)
+    assert [r["name"] for r in data["runs"]] == ["a", "b"]
+    assert data["columns"] == [
+        {"run": 0, "step": 2, "label": "a · step 2"},
+        {"run": 1, "step": 2, "label": "b · step 2"},
+    ]
+    assert "avg@2: 0.25 → 1" in html
+    # the command line
+    assert main([str(a)]) == 0 and capsys.readouterr().out.strip() == str(a / "report.html")
+    with pytest.raises(SystemExit):
+        main([str(a), str(b)])  # several runs need --out
+    assert "give --out" in capsys.readouterr().err
+    assert main([str(tmp_path / "nope")]) == 2
+    assert "config.yaml not found" in capsys.readouterr().err
+    assert main([str(a), str(b), "--out", str(tmp_path / "c.html")]) == 0 and (tmp_path / "c.html").is_file()
+
+
+def test_a_run_without_episodes_or_metrics_still_gets_a_page(tmp_path):
+    run = tmp_path / "bare"
+    run.mkdir()
+    (run / "config.yaml").write_text("env: math-2agent\nlog_episodes: 0\n")
+    html = build_run_report(run).read_text()
+    data = page_data(html)
+    assert data == {"runs": [{"name": "bare", "episodes": []}], "agents": [], "columns": []}
+    assert "No evaluation was logged." in html and "No curves" in html
