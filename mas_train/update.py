@@ -142,7 +142,7 @@ class GroupGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(
-        self, model, tokenizer, args, *, micro_batch_size: int = 4, ref_model=None, share_prefix: bool = True
+        self, model, tokenizer, args, *, micro_batch_size: int, ref_model=None, share_prefix: bool = True
     ):
         from datasets import Dataset
 

@@ -17,8 +17,6 @@ from typing import Any
 
 from mas_train.config.common import (
     BACKENDS,
-    DEFAULT_EVAL_K,
-    DEFAULT_EVAL_TASKS_PER_BATCH,
     DTYPES,
     GROUP_NAME_RE,
     ConfigError,
@@ -105,7 +103,7 @@ class EvalConfig:
         "spec. None = the run's eval_data, else the env's evaluation set.",
         default=None,
     )
-    k: int = _help("Episodes per task (avg@k, pass@k).", default=DEFAULT_EVAL_K)
+    k: int = _help("Episodes per task (avg@k, pass@k).", default=4)
     num_tasks: int | None = _help("Evaluate only the first N tasks (N >= 1). None = all.", default=None)
     temperature: float | None = _help("Sampling temperature. None = the run's eval_sampling.", default=None)
     top_p: float | None = _help(
@@ -114,9 +112,7 @@ class EvalConfig:
     max_new_tokens: int | None = _help(
         "Tokens per agent turn. None = the run's eval_sampling (each agent's own by default).", default=None
     )
-    tasks_per_batch: int = _help(
-        "Tasks rolled out together (bounds memory).", default=DEFAULT_EVAL_TASKS_PER_BATCH
-    )
+    tasks_per_batch: int = _help("Tasks rolled out together (bounds memory).", default=8)
     data_fields: dict[str, str] = _help(
         "Column renames for a custom data file, task field -> column (e.g. question=problem,answer=solution).",
         default_factory=dict,
