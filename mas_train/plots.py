@@ -200,7 +200,9 @@ def _panels_figure(
                     handles.append(h)
                     labels.append(lab)
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize=8)
-    fit_suptitle(fig, f"{title}\nthin: each step; thick: mean of the last {smooth} steps" if smoothed else title)
+    fit_suptitle(
+        fig, f"{title}\nthin: each step; thick: mean of the last {smooth} steps" if smoothed else title
+    )
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -181,13 +181,17 @@ class MultiGroupTrainer:
         return metrics, {"tasks": [str(t.get("id", "")) for t in tasks]}
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`)."""
+    def evaluate(self, progress: bool = False) -> dict[str, float]:
+        """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`);
+        ``progress``: a bar over the tasks."""
         from mas_train.eval import eval_sampling, evaluate
+        from mas_train.progress import eval_progress
 
-        result = evaluate(
-            self.collector, self.eval_tasks, k=self.cfg.eval_k, sampling=eval_sampling(self.resolved)
-        )
+        tasks, k = self.eval_tasks, self.cfg.eval_k
+        with eval_progress(len(tasks), k, progress) as tick:
+            result = evaluate(
+                self.collector, tasks, k=k, sampling=eval_sampling(self.resolved), progress=tick
+            )
         self.last_eval = result
         if not self.first_eval:
             self.first_eval = result
@@ -262,7 +266,7 @@ class MultiGroupTrainer:
         start_step = self.step
         if evaluate and self.step == 0 and cfg.eval_before_training:
             say(f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} before training (step 0)…")
-            logger.log(0, self.evaluate())
+            logger.log(0, self.evaluate(progress))
         last: dict[str, float] = {}
         saved_at = evaluated_at = -1
         bar = tqdm(
@@ -290,7 +294,7 @@ class MultiGroupTrainer:
                         say(
                             f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} at step {self.step}…"
                         )
-                        logger.log(self.step, self.evaluate())
+                        logger.log(self.step, self.evaluate(progress))
                     evaluated_at = self.step
         finally:
             bar.close()
@@ -299,7 +303,7 @@ class MultiGroupTrainer:
             self.save_checkpoint()
         if evaluate and evaluated_at != self.step:
             say(f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} at step {self.step}…")
-            logger.log(self.step, self.evaluate())
+            logger.log(self.step, self.evaluate(progress))
         return last
 
     def close(self) -> None:
