@@ -137,6 +137,8 @@ def style_axes(ax, title: str, ylabel: str, *, hline: float | None = None) -> No
     if last - first < 2:
         ax.set_xlim(first - 0.5, max(last, first) + 0.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    if "norm" in ylabel and ax.get_ylim()[0] < 0:  # a norm is >= 0: a flat 0 autoscales to +-0.05
+        ax.set_ylim(bottom=-0.03 * ax.get_ylim()[1])
     if "fraction" in ylabel or ylabel in ("reward", "success rate"):
         lo, hi = ax.get_ylim()
         ax.set_ylim(min(lo, -0.02), max(hi, 1.02))
@@ -188,7 +190,9 @@ def _panels_figure(
                 ax.plot(steps, trailing_mean(values, smooth), ls="-", lw=2.2, color=color, label=run.label)
                 smoothed = True
             elif steps:
-                ax.plot(steps, values, marker=marker or None, ls="-", color=color, label=run.label)
+                # a one-point series is invisible as a line alone
+                dot = marker or ("o" if len(steps) == 1 else None)
+                ax.plot(steps, values, marker=dot, ls="-", color=color, label=run.label)
         style_axes(ax, ptitle, ylabel, hline=hline)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
@@ -301,7 +305,7 @@ def plot_runs(
                 (a, f"lemma/factor/{a}", r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$")
                 for a in _agents(runs, "lemma/factor/")
             ],
-            "Lemma 4.2 factor per agent (1 = global baseline costs nothing; no point where σ = 0)",
+            "Lemma 4.2 factor per agent\n1 = a global baseline costs nothing; no point where σ = 0",
             out / "lemma_factor.png",
             marker="o",
             hline=1.0,
