@@ -36,7 +36,10 @@ def eval_progress(num_tasks: int, k: int, enabled: bool = True):
         return
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=num_tasks, desc=f"  eval (k={k})", unit="task", leave=False, dynamic_ncols=True)
+    # one update per batch of tasks, seconds apart: print every one
+    bar = tqdm(
+        total=num_tasks, desc=f"  eval (k={k})", unit="task", leave=False, dynamic_ncols=True, mininterval=0
+    )
 
     def progress(done: int, total: int) -> None:
         bar.update(done - bar.n)
