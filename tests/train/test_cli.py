@@ -243,6 +243,6 @@ def test_evaluation_shows_a_bar_over_its_tasks(capsys):
         out = evaluate(Collector(), tasks, k=4, tasks_per_batch=8, progress=tick)
     err = capsys.readouterr().err
     assert out["eval/avg@4"] == 1.0 and out["eval/num_tasks"] == 20.0
-    assert "eval (k=4)" in err and "8/20" in err and "20/20" in err
+    assert "eval (k=4)" in err and "8/20" in err and "16/20" in err  # then cleared (leave=False)
     with eval_progress(len(tasks), 4, enabled=False) as tick:
         assert tick is None
