@@ -27,17 +27,6 @@ needs_smollm2 = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "heterogeneous",
-        "gpu_single",
-        "gpu_node_heterogeneous",
-        "ray_cluster_http",
-        "qwen3_8b_sharded",
-        "hetero_7b_3b_sharded",
-    ],
-)
 def _options_set(group) -> dict:
     """The group's backend options that differ from their defaults."""
     import dataclasses
@@ -50,6 +39,17 @@ def _options_set(group) -> dict:
     }
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "heterogeneous",
+        "gpu_single",
+        "gpu_node_heterogeneous",
+        "ray_cluster_http",
+        "qwen3_8b_sharded",
+        "hetero_7b_3b_sharded",
+    ],
+)
 def test_scaling_example_configs_resolve(name):
     """The GPU/cluster examples of docs/scaling.md are valid configs (they cannot be run here: no GPU)."""
     import mas_envs
