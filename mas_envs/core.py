@@ -69,7 +69,6 @@ import functools
 import hashlib
 import numbers
 import string
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -258,28 +257,6 @@ def _load_shared(source: str) -> tuple[Mapping[str, Any], ...]:
     return tuple(load_tasks(source))
 
 
-# old private hook name -> public name (the old names work, with a DeprecationWarning, in 0.1.x)
-_RENAMED_HOOKS = {
-    "_start": "start_episode",
-    "_prompt": "prompt_messages",
-    "_act": "apply_action",
-    "_outcome": "episode_outcome",
-}
-
-
-def _legacy_hook(old: str, new: str):
-    """A public hook that calls the subclass's old-named method (looked up at call time, so a further
-    subclass that overrides the old name is honoured too)."""
-
-    def hook(self, *args):
-        return getattr(self, old)(*args)
-
-    hook.__name__ = hook.__qualname__ = new
-    hook.__doc__ = f"Calls the deprecated `{old}` (rename it to `{new}`)."
-    hook._mas_legacy_alias = True  # type: ignore[attr-defined]
-    return hook
-
-
 def wrap(env: TextAECEnv) -> OrderEnforcingWrapper:
     """Add PettingZoo's `OrderEnforcingWrapper` (errors on use before `reset`, on a missing `step`)."""
     return OrderEnforcingWrapper(env)
@@ -311,24 +288,6 @@ class TextAECEnv(AECEnv[str, str, str]):
     default_invalid_action_penalty: ClassVar[float] = 0.1
     default_tasks: ClassVar[str | None] = None
     default_eval_tasks: ClassVar[str | None] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for old, new in _RENAMED_HOOKS.items():
-            if old not in cls.__dict__:
-                continue
-            if new in cls.__dict__:
-                continue  # the class defines both: the public hook is the one the base calls
-            # Also when a parent env defines `new` (a subclass of a built-in env overriding `_prompt`): the
-            # override must not be silently ignored.
-            warnings.warn(
-                f"{cls.__name__}.{old} is deprecated: rename it to {new} (the old hook names work in "
-                "mas-rl 0.1.x only)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            if not getattr(getattr(cls, new), "_mas_legacy_alias", False):
-                setattr(cls, new, _legacy_hook(old, new))
 
     # --- hooks a subclass implements -------------------------------------------------------------------
     def start_episode(self, task: dict[str, Any]) -> str:
@@ -594,11 +553,6 @@ class TextAECEnv(AECEnv[str, str, str]):
     def add_note(self, text: str) -> None:
         """Add an env message (e.g. retrieved passages) to the transcript at the current turn."""
         self.transcript.append(TranscriptEntry(self.turn, "env", text))
-
-    def _note(self, text: str) -> None:
-        """Deprecated name of `add_note` (works in mas-rl 0.1.x only)."""
-        warnings.warn("TextAECEnv._note is deprecated: call add_note", DeprecationWarning, stacklevel=2)
-        self.add_note(text)
 
     def _check_agent(self, agent: str) -> None:
         if agent not in self.possible_agents:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["bar_text", "off_the_clock", "print_banner", "print_summary"]
+__all__ = ["bar_text", "eval_progress", "off_the_clock", "print_banner", "print_summary"]
 
 # The keys the progress bar shows, when present.
 _BAR_KEYS = (("charts/reward", "R"), ("charts/invalid_rate", "inv"))
@@ -25,6 +25,29 @@ def off_the_clock(bar):
             dt = time.time() - t0
             bar.start_t += dt  # the average rate
             bar.last_print_t += dt  # the smoothed rate (per-print increments)
+
+
+@contextlib.contextmanager
+def eval_progress(num_tasks: int, k: int, enabled: bool = True):
+    """A tqdm bar over an evaluation's tasks (``k`` episodes each) that closes when done; yields the
+    ``progress(done_tasks, total_tasks)`` callback of :func:`mas_train.eval.evaluate` (``None`` when disabled)."""
+    if not enabled:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    # one update per batch of tasks, seconds apart: print every one
+    bar = tqdm(
+        total=num_tasks, desc=f"  eval (k={k})", unit="task", leave=False, dynamic_ncols=True, mininterval=0
+    )
+
+    def progress(done: int, total: int) -> None:
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        bar.close()
 
 
 def bar_text(metrics: Mapping[str, float], agents: Sequence[str]) -> str:

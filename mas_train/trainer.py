@@ -44,7 +44,7 @@ from mas_train.eval import eval_sampling, evaluate
 from mas_train.hosting.pools import make_pool
 from mas_train.hosting.protocols import WorkerPool
 from mas_train.metrics import rollout_metrics, update_metrics
-from mas_train.progress import bar_text, off_the_clock, print_banner, print_summary
+from mas_train.progress import bar_text, eval_progress, off_the_clock, print_banner, print_summary
 from mas_train.rollout import RolloutCollector
 from mas_train.startup import evaluation_on, make_env_factory, prepare, record_config
 from mas_train.tasks import TaskSampler, eval_tasks
@@ -204,17 +204,20 @@ class MultiGroupTrainer:
         return metrics, {"tasks": [str(t.get("id", "")) for t in tasks]}
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`)."""
-
-        rec = self.episodes.eval_recorder(self.cfg.eval_k, self.step)
-        result = evaluate(
-            self.collector,
-            self.eval_tasks,
-            k=self.cfg.eval_k,
-            sampling=eval_sampling(self.resolved),
-            on_batch=rec.add if rec else None,
-        )
+    def evaluate(self, progress: bool = False) -> dict[str, float]:
+        """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`);
+        ``progress``: a bar over the tasks."""
+        tasks, k = self.eval_tasks, self.cfg.eval_k
+        rec = self.episodes.eval_recorder(k, self.step)
+        with eval_progress(len(tasks), k, progress) as tick:
+            result = evaluate(
+                self.collector,
+                tasks,
+                k=k,
+                sampling=eval_sampling(self.resolved),
+                progress=tick,
+                on_batch=rec.add if rec else None,
+            )
         self.episodes.write_eval(rec)
         self.last_eval = result
         if not self.first_eval:
@@ -292,7 +295,7 @@ class MultiGroupTrainer:
         start_step = self.step
         if evaluate and self.step == 0 and cfg.eval_before_training:
             say(f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} before training (step 0)…")
-            logger.log(0, self.evaluate())
+            logger.log(0, self.evaluate(progress))
         last: dict[str, float] = {}
         saved_at = evaluated_at = -1
         bar = tqdm(
@@ -329,7 +332,7 @@ class MultiGroupTrainer:
                         say(
                             f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} at step {self.step}…"
                         )
-                        logger.log(self.step, self.evaluate())
+                        logger.log(self.step, self.evaluate(progress))
                     evaluated_at = self.step
         finally:
             bar.close()
@@ -338,7 +341,7 @@ class MultiGroupTrainer:
             self.save_checkpoint()
         if evaluate and evaluated_at != self.step:
             say(f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} at step {self.step}…")
-            logger.log(self.step, self.evaluate())
+            logger.log(self.step, self.evaluate(progress))
         return last
 
     def close(self) -> None:

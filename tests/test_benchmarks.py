@@ -21,7 +21,7 @@ BENCH = ROOT / "benchmarks"
 EXPECTED = {
     "step.py": {"gen_roof_frac", "update_roof_frac", "peak_rss_gb", "step_s"},
     "train_step.py": {"ratio_vs_trl", "ratio_agent_norms_vs_trl", "ratio_shared_prefix", "update_roof_frac"},
-    "rollout.py": {"speedup", "speedup_tokens_per_s"},
+    "rollout.py": {"speedup", "speedup_tokens_per_s", "eval_rollout_ratio"},
     "generate.py": {"tok_s", "roof_frac", "ratio_vs_generate", "ratio_vs_forward", "roof_tok_s"},
     "retrieval.py": {"search_speedup", "same_ids", "p50_ms", "req_s"},
 }

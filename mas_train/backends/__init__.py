@@ -203,7 +203,5 @@ def make_backend(
         group, model, tokenizer = kind, options, model
         kind = group.backend
         options = getattr(group, "backend_options", None)
-        if options is None:  # a group object of the old shape
-            options = getattr(group, "backend_kwargs", None)
     spec = backend_kind(kind)
     return spec.load_factory()(build_options(kind, options), model, tokenizer, group)

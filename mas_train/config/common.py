@@ -1,5 +1,8 @@
-"""Shared pieces of the run configuration: the error type, the option lists (each defined once), the defaults
-of a plain run, and small validation helpers. Imports nothing heavy."""
+"""Shared pieces of the run configuration: the error type, the option lists (each defined once), the laptop
+layer of a plain run, and small validation helpers. Imports nothing heavy.
+
+Each default is written once, on its dataclass field (:class:`~mas_train.config.TrainConfig` and its
+sections); :data:`LAPTOP_DEFAULTS` is the one other tier, and ``mas-train --help`` shows it beside each default."""
 
 from __future__ import annotations
 
@@ -29,44 +32,14 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
-# Defaults of a plain `mas-train --env math-2agent` run: sized so that SmolLM2-135M-Instruct on a 2-core CPU
-# finishes its default budget in about 10-15 minutes. Tune the run here, in one place. Measured costs and the
-# reasoning behind these numbers: docs/training.md ("CPU defaults and budget").
-# ----------------------------------------------------------------------------------------------------------------
-DEFAULT_ENV = "math-2agent"
-DEFAULT_MODEL = "smollm2-135m-instruct"
-DEFAULT_MODEL_SHARING = "shared"
-DEFAULT_NUM_GENERATIONS = 4  # G: trajectories per task
-DEFAULT_TASKS_PER_STEP = 1  # tasks per training step -> TASKS_PER_STEP * G trajectories
-DEFAULT_MAX_STEPS = 6
-DEFAULT_MAX_NEW_TOKENS = 128  # per agent turn
-DEFAULT_MAX_PROMPT_LENGTH = 1024
-# The 4-bit SmolLM2-135M default writes gibberish at 1.0 (never a valid action, so no learning signal);
-# 0.7 keeps it coherent. The reference trains 4B+ models at 1.0: set sampling.temperature for those.
-DEFAULT_TEMPERATURE = 0.7
-DEFAULT_LEARNING_RATE = 1e-5
-DEFAULT_MICRO_BATCH_SIZE = (
-    2  # samples per forward/backward: bounds the update's activation memory (docs/performance.md)
-)
-DEFAULT_SAVE_STEPS = 3
-DEFAULT_SAVE_TOTAL_LIMIT: int | None = 2
-DEFAULT_EVAL_STEPS = 6
-DEFAULT_EVAL_K = 4
-DEFAULT_EVAL_NUM_TASKS: int | None = 2
-DEFAULT_EVAL_TEMPERATURE = 0.6  # the reference's validation sampling (temperature 0.6, top_p 0.95)
-DEFAULT_EVAL_TOP_P = 0.95
-DEFAULT_EVAL_TASKS_PER_BATCH = 8
-# Episodes written to RUN/rollouts/ (mas_train.episodes): per training step, and eval tasks per evaluation.
-# Their size on disk: docs/training.md ("Episode records").
-DEFAULT_LOG_EPISODES = 4
-DEFAULT_LOG_EVAL_EPISODES = 16
-
 # The laptop setting of an env: what a plain run of it with the default model trains on, so that the default run
 # learns where a 135M model can (the paper's GSM8K prompts give it reward 0 and its verifier no verdict at all).
 # It applies as a layer under the user's config when the run (config file + flags) names no train_data and no
-# eval_data and uses DEFAULT_MODEL everywhere; a field the user sets wins, and naming any tasks or another model
-# (`--train_data gsm8k-train`, `--model Qwen/Qwen3-4B`) leaves the plain defaults above and the env's own paper
-# prompts and data. Measured: docs/training.md ("The default run").
+# eval_data and uses the default model (TrainConfig.model) everywhere; a field the user sets wins, and naming any
+# tasks or another model (`--train_data gsm8k-train`, `--model Qwen/Qwen3-4B`) leaves the dataclass defaults (the
+# paper's setting, scaled to a CPU) and the env's own paper prompts and data. An env gets a laptop setting by an
+# entry here, nothing else. Sized so that SmolLM2-135M-Instruct on a 2-core CPU finishes in about 10-15 minutes;
+# measured: docs/training.md ("The default run", "One tier of defaults").
 _ONE_DIGIT = (
     "rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+,-"
     "&allow_negation=false&allow_parentheses=false"

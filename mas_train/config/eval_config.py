@@ -17,8 +17,6 @@ from typing import Any
 
 from mas_train.config.common import (
     BACKENDS,
-    DEFAULT_EVAL_K,
-    DEFAULT_EVAL_TASKS_PER_BATCH,
     DTYPES,
     GROUP_NAME_RE,
     ConfigError,
@@ -110,7 +108,7 @@ class EvalConfig:
         default=None,
     )
     k: int | None = _help(
-        f"Episodes per task (avg@k, pass@k). None = with --checkpoint the run's eval_k, else {DEFAULT_EVAL_K}.",
+        "Episodes per task (avg@k, pass@k). None = with --checkpoint the run's eval_k, else 4.",
         default=None,
     )
     num_tasks: int | None = _help(
@@ -125,9 +123,7 @@ class EvalConfig:
     max_new_tokens: int | None = _help(
         "Tokens per agent turn. None = the run's eval_sampling (each agent's own by default).", default=None
     )
-    tasks_per_batch: int = _help(
-        "Tasks rolled out together (bounds memory).", default=DEFAULT_EVAL_TASKS_PER_BATCH
-    )
+    tasks_per_batch: int = _help("Tasks rolled out together (bounds memory).", default=8)
     data_fields: dict[str, str] = _help(
         "Column renames for a custom data file, task field -> column (e.g. question=problem,answer=solution).",
         default_factory=dict,
@@ -187,10 +183,10 @@ class EvalConfig:
     def evaluation_size(self, cfg: Any) -> tuple[int, int | None]:
         """``(k, num_tasks)`` for evaluating ``cfg`` (the checkpoint's run config, or a plain run's without
         ``--checkpoint``): the given values, else the run's ``eval_k`` / ``eval_num_tasks`` (with
-        ``--checkpoint``; ``num_tasks`` only when no ``data`` is given), else ``DEFAULT_EVAL_K`` / all tasks.
+        ``--checkpoint``; ``num_tasks`` only when no ``data`` is given), else 4 / all tasks.
         ``num_tasks`` ``None`` means all."""
         own = self.checkpoint is not None
-        k = self.k if self.k is not None else (cfg.eval_k if own else DEFAULT_EVAL_K)
+        k = self.k if self.k is not None else (cfg.eval_k if own else 4)
         if self.num_tasks is not None:
             n = self.num_tasks or None
         else:

@@ -217,10 +217,21 @@ class ArgParser(argparse.ArgumentParser):
 
 
 def build_argparser(
-    cls: type, prog: str, description: str, epilog: str, skip: Sequence[str] = ()
+    cls: type,
+    prog: str,
+    description: str,
+    epilog: str,
+    skip: Sequence[str] = (),
+    notes: Mapping[str, str] | None = None,
 ) -> ArgParser:
     """An argparse parser with one flag per field of ``cls`` (help from the field's metadata); a dataclass
-    field gets one flag per sub-field (``--sampling.temperature``); fields in ``skip`` get none."""
+    field gets one flag per sub-field (``--sampling.temperature``); fields in ``skip`` get none. ``notes``
+    (dotted flag name -> text) is appended to a flag's help, after its default."""
+    notes = notes or {}
+
+    def noted(name: str, text: str) -> str:
+        return f"{text}; {notes[name]}" if name in notes else text
+
     parser = ArgParser(
         prog=prog,
         description=description,
@@ -241,9 +252,13 @@ def build_argparser(
                     f"--{f.name}", dest=f.name, metavar="none", help=f"'none' switches {f.name} off"
                 )
             for sf in dataclasses.fields(tp):
-                group.add_argument(
-                    f"--{f.name}.{sf.name}", dest=f"{f.name}.{sf.name}", metavar="V", help=sf.metadata["help"]
-                )
+                name = f"{f.name}.{sf.name}"
+                text = sf.metadata["help"]
+                if not optional and sf.default is not dataclasses.MISSING:
+                    text = f"{text} (" + noted(name, f"default: {sf.default}") + ")"
+                elif name in notes:
+                    text = f"{text} ({notes[name]})"
+                group.add_argument(f"--{name}", dest=name, metavar="V", help=text)
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default
@@ -251,7 +266,7 @@ def build_argparser(
             default = f.default_factory()
         else:
             default = "required"
-        help_text = f"{f.metadata['help']} (default: {default})"
+        help_text = f"{f.metadata['help']} (" + noted(f.name, f"default: {default}") + ")"
         if tp is bool:
             parser.add_argument(f"--{f.name}", nargs="?", const="true", metavar="BOOL", help=help_text)
         elif typing.get_origin(tp) is list:

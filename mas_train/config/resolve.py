@@ -8,7 +8,6 @@ model is loaded.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -71,30 +70,13 @@ class ResolvedModelGroup:
     grpo: dict[str, Any]
     num_cpus: float
     num_gpus: float
-    micro_batch_size: int = 4
+    micro_batch_size: int
     trainable: bool = True
     lora: LoraConfig | None = None
     base_group: str | None = None
     num_ranks: int = 1
     sharding: str = "fsdp2"
     rank_gpu_ids: tuple[int, ...] = ()
-
-    @property
-    def backend_kwargs(self) -> dict[str, Any]:
-        """Deprecated view of :attr:`backend_options`: the options that differ from their defaults."""
-        default = type(self.backend_options)
-        out = {}
-        for f in dataclasses.fields(default):
-            value = getattr(self.backend_options, f.name)
-            if f.default is not dataclasses.MISSING:
-                base = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                base = f.default_factory()
-            else:
-                base = dataclasses.MISSING
-            if value != base:
-                out[f.name] = value
-        return out
 
     def grpo_config_kwargs(self) -> dict[str, Any]:
         """This group's optimisation settings plus its ``grpo`` passthrough, as ``GRPOConfig`` keyword arguments.

@@ -5,7 +5,6 @@ Fields left ``None`` inherit: agent -> model group -> top level (:class:`~mas_tr
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,10 +12,6 @@ from typing import Any
 from mas_train.backends.base import SamplingParams
 from mas_train.config.common import (
     BACKENDS,
-    DEFAULT_EVAL_TEMPERATURE,
-    DEFAULT_EVAL_TOP_P,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_TEMPERATURE,
     DTYPES,
     GROUP_NAME_RE,
     SHARDINGS,
@@ -37,13 +32,15 @@ class SamplingConfig:
 
     temperature: float = _help(
         "Softmax temperature for sampling; 0 = greedy. Training logprobs use the same temperature.",
-        default=DEFAULT_TEMPERATURE,
+        # the 4-bit SmolLM2-135M default writes gibberish at 1.0 (never a valid action, so no learning signal);
+        # 0.7 keeps it coherent. The reference trains 4B+ models at 1.0: set sampling.temperature for those.
+        default=0.7,
     )
     top_p: float = _help("Nucleus sampling mass in (0, 1]; 1 disables it.", default=1.0)
     top_k: int = _help("Keep only the k most likely tokens; 0 disables it.", default=0)
     max_new_tokens: int = _help(
         "Maximum tokens generated per agent turn (TRL: max_completion_length).",
-        default=DEFAULT_MAX_NEW_TOKENS,
+        default=128,
     )
 
     def __post_init__(self) -> None:
@@ -72,9 +69,10 @@ class EvalSamplingConfig:
     its own training ``max_new_tokens`` and stop strings unless ``max_new_tokens`` is set here."""
 
     temperature: float = _help(
-        "Softmax temperature during evaluation; 0 = greedy.", default=DEFAULT_EVAL_TEMPERATURE
+        "Softmax temperature during evaluation; 0 = greedy.",
+        default=0.6,  # the reference's validation sampling (temperature 0.6, top_p 0.95)
     )
-    top_p: float = _help("Nucleus sampling mass in (0, 1] during evaluation.", default=DEFAULT_EVAL_TOP_P)
+    top_p: float = _help("Nucleus sampling mass in (0, 1] during evaluation.", default=0.95)
     top_k: int = _help("Keep only the k most likely tokens during evaluation; 0 disables it.", default=0)
     max_new_tokens: int | None = _help(
         "Tokens per agent turn during evaluation. None = each agent's own training max_new_tokens.",
@@ -139,9 +137,6 @@ class ModelGroupConfig:
         "SGLangHTTPOptions, OpenAIOptions), merged over the top-level backend_options when the kinds match.",
         default_factory=dict,
     )
-    backend_kwargs: dict[str, Any] = _help(
-        "Deprecated spelling of backend_options (read with a DeprecationWarning).", default_factory=dict
-    )
     dtype: str | None = _help(f"Weights dtype, one of {list(DTYPES)}. None = top level.", default=None)
     lora: LoraConfig | None = _help(
         "Train a LoRA adapter instead of all weights. None = the top-level lora (None there too: full "
@@ -191,14 +186,6 @@ class ModelGroupConfig:
         where = f"model_groups.{self.name}" if self.name else "model_groups.<group>"
         if self.name and not GROUP_NAME_RE.match(self.name):
             raise ConfigError(f"{where}: a group name may use letters, digits, '_', '.', '-' only")
-        if self.backend_kwargs:
-            warnings.warn(
-                f"{where}.backend_kwargs is deprecated: rename it to {where}.backend_options",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            self.backend_options = {**self.backend_kwargs, **self.backend_options}
-            self.backend_kwargs = {}
         if self.backend is not None:
             check_choice(f"{where}.backend", self.backend, BACKENDS)
         if self.dtype is not None:

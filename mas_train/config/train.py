@@ -15,22 +15,6 @@ from mas_train.config.common import (
     ADVANTAGE_MODES,
     ADVANTAGE_SCOPES,
     BACKENDS,
-    DEFAULT_ENV,
-    DEFAULT_EVAL_K,
-    DEFAULT_EVAL_NUM_TASKS,
-    DEFAULT_EVAL_STEPS,
-    DEFAULT_LEARNING_RATE,
-    DEFAULT_LOG_EPISODES,
-    DEFAULT_LOG_EVAL_EPISODES,
-    DEFAULT_MAX_PROMPT_LENGTH,
-    DEFAULT_MAX_STEPS,
-    DEFAULT_MICRO_BATCH_SIZE,
-    DEFAULT_MODEL,
-    DEFAULT_MODEL_SHARING,
-    DEFAULT_NUM_GENERATIONS,
-    DEFAULT_SAVE_STEPS,
-    DEFAULT_SAVE_TOTAL_LIMIT,
-    DEFAULT_TASKS_PER_STEP,
     DTYPES,
     GROUP_NAME_RE,
     LAPTOP_DEFAULTS,
@@ -60,7 +44,7 @@ __all__ = ["TrainConfig", "laptop_layer"]
 
 def laptop_layer(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``[LAPTOP_DEFAULTS[env]]`` (a copy) when ``layers`` name no ``train_data``/``eval_data`` and no model other
-    than ``DEFAULT_MODEL`` (top level, ``model_groups.*.model``, ``agents.*.model``) and the env has a laptop
+    than the default ``TrainConfig.model`` (top level, ``model_groups.*.model``, ``agents.*.model``) and the env has a laptop
     setting; else ``[]``. The result goes under the user's layers, so any field they set wins."""
 
     def given(key: str) -> list[Any]:
@@ -75,9 +59,10 @@ def laptop_layer(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 m = getattr(entry, "model", None) if not isinstance(entry, Mapping) else entry.get("model")
                 if m is not None:
                     models.append(m)
-    if any(m != DEFAULT_MODEL for m in models):
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    if any(m != defaults["model"] for m in models):
         return []
-    env = (given("env") or [DEFAULT_ENV])[-1]
+    env = (given("env") or [defaults["env"]])[-1]
     preset = copy.deepcopy(LAPTOP_DEFAULTS.get(env))
     if preset and given("trainable") and given("trainable")[-1] is False:
         preset.pop(
@@ -92,7 +77,7 @@ class TrainConfig:
 
     # --- environment and data ---
     env: str = _help(
-        "Environment id for mas_envs.make (e.g. math-2agent, search-3agent).", default=DEFAULT_ENV
+        "Environment id for mas_envs.make (e.g. math-2agent, search-3agent).", default="math-2agent"
     )
     env_kwargs: dict[str, Any] = _help(
         "Extra keyword arguments for mas_envs.make (e.g. max_loops, max_turns).", default_factory=dict
@@ -115,13 +100,13 @@ class TrainConfig:
     model: str = _help(
         "Default model of every model group: hub id, local path, or builtin alias (smollm2-135m-instruct, "
         "tiny-qwen3).",
-        default=DEFAULT_MODEL,
+        default="smollm2-135m-instruct",
     )
     model_sharing: str | dict[str, str] = _help(
         "How agents map to model groups: 'shared' (agents with the same model share one group), 'per_agent' "
         "(one group per agent), 'shared_lora' (one group per agent, each a LoRA adapter on one shared base model), "
         "or an explicit mapping agent=group,agent=group.",
-        default=DEFAULT_MODEL_SHARING,
+        default="shared",
     )
     trainable: bool = _help(
         "Default of model_groups.<g>.trainable / agents.<a>.trainable (false: sample only).", default=True
@@ -148,7 +133,7 @@ class TrainConfig:
     )
     agents: dict[str, AgentConfig] = _help("Per-agent settings, keyed by agent name.", default_factory=dict)
     # --- optimisation (defaults of every model group) ---
-    learning_rate: float = _help("Default peak learning rate.", default=DEFAULT_LEARNING_RATE)
+    learning_rate: float = _help("Default peak learning rate.", default=1e-5)
     weight_decay: float = _help("Default AdamW weight decay.", default=0.0)
     max_grad_norm: float = _help("Default gradient clipping norm.", default=1.0)
     warmup_steps: float = _help("Default warmup: steps (int) or a ratio of max_steps (< 1).", default=0.0)
@@ -156,8 +141,9 @@ class TrainConfig:
         "Default transformers scheduler name (constant, linear, cosine, ...).", default="constant"
     )
     micro_batch_size: int = _help(
-        "Default samples per forward/backward of a group's update (gradients are accumulated over the step).",
-        default=DEFAULT_MICRO_BATCH_SIZE,
+        "Default samples per forward/backward of a group's update (gradients are accumulated over the step; "
+        "bounds the update's activation memory, docs/performance.md).",
+        default=2,
     )
     grpo: dict[str, Any] = _help(
         "TRL GRPOConfig settings for every model group: only those our update honours (loss_type, epsilon, "
@@ -166,10 +152,8 @@ class TrainConfig:
         default_factory=dict,
     )
     # --- algorithm ---
-    num_generations: int = _help(
-        "G: trajectories sampled per task (the task group).", default=DEFAULT_NUM_GENERATIONS
-    )
-    tasks_per_step: int = _help("Distinct tasks per training step.", default=DEFAULT_TASKS_PER_STEP)
+    num_generations: int = _help("G: trajectories sampled per task (the task group).", default=4)
+    tasks_per_step: int = _help("Distinct tasks per training step.", default=1)
     advantage_mode: str = _help(
         "drmas: per-agent mean and std (Dr. MAS eq. 5); grpo: global (eq. 2); agent_mean: (mu_k, sigma); "
         "agent_std: (mu, sigma_k).",
@@ -186,9 +170,9 @@ class TrainConfig:
     max_prompt_length: int = _help(
         "Longest prompt (tokens) an agent turn may have; a longer one is not truncated: the turn is skipped as an "
         "invalid (empty) action and counted in charts/prompt_overflow.",
-        default=DEFAULT_MAX_PROMPT_LENGTH,
+        default=1024,
     )
-    max_steps: int = _help("Number of training steps (TRL's name).", default=DEFAULT_MAX_STEPS)
+    max_steps: int = _help("Number of training steps (TRL's name).", default=6)
     seed: int = _help("Random seed (data order, sampling, initialisation).", default=0)
     device: str = _help("auto, cpu, cuda or cuda:N.", default="auto")
     pool: str = _help(f"Where model groups live, one of {list(POOLS)}.", default="local")
@@ -215,28 +199,26 @@ class TrainConfig:
     log_episodes: int = _help(
         "Episodes of each training step written to RUN/rollouts/step-N.jsonl (and TensorBoard text, and the "
         "run's report.html), half successes and half failures where the step has both; 0 = none.",
-        default=DEFAULT_LOG_EPISODES,
+        default=4,
     )
     log_eval_episodes: int = _help(
         "Eval tasks whose first episode each evaluation writes to RUN/rollouts/ (the same tasks every "
         "evaluation: report.html shows step 0 and the last evaluation side by side); 0 = none.",
-        default=DEFAULT_LOG_EVAL_EPISODES,
+        default=16,
     )
     save_steps: int = _help(
-        "Save a checkpoint every N steps (and at the end); 0 = only at the end.", default=DEFAULT_SAVE_STEPS
+        "Save a checkpoint every N steps (and at the end); 0 = only at the end.", default=3
     )
     save_total_limit: int | None = _help(
-        "Keep only the newest N checkpoints of the run. None = keep all.", default=DEFAULT_SAVE_TOTAL_LIMIT
+        "Keep only the newest N checkpoints of the run. None = keep all.", default=2
     )
-    eval_steps: int = _help("Evaluate every N steps (and at the end); 0 = never.", default=DEFAULT_EVAL_STEPS)
+    eval_steps: int = _help("Evaluate every N steps (and at the end); 0 = never.", default=6)
     eval_before_training: bool = _help(
         "Also evaluate before the first step (step 0: the initial weights), when evaluation is on.",
         default=True,
     )
-    eval_k: int = _help("Samples per eval task for avg@k / pass@k.", default=DEFAULT_EVAL_K)
-    eval_num_tasks: int | None = _help(
-        "Eval tasks per evaluation. None = all.", default=DEFAULT_EVAL_NUM_TASKS
-    )
+    eval_k: int = _help("Samples per eval task for avg@k / pass@k.", default=4)
+    eval_num_tasks: int | None = _help("Eval tasks per evaluation. None = all.", default=2)
     eval_sampling: EvalSamplingConfig = _help(
         "Sampling of every agent during evaluation (each agent keeps its own max_new_tokens unless set here).",
         default_factory=EvalSamplingConfig,

@@ -87,7 +87,7 @@ class GroupGRPOTrainer(TRLGRPO):
         tokenizer,
         args,
         *,
-        micro_batch_size: int = 4,
+        micro_batch_size: int,
         ref_model=None,
         share_prefix: bool = True,
         shard: ShardPlan | None = None,

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunMetrics", "load_run", "main", "plot_run", "plot_runs"]
+__all__ = ["RunMetrics", "fit_suptitle", "load_run", "main", "plot_run", "plot_runs", "style_axes"]
 
 _EVAL_KEY = re.compile(r"^eval/(avg|pass)@(\d+)$")
 
@@ -130,10 +130,29 @@ def style_axes(ax, title: str, ylabel: str, *, hline: float | None = None) -> No
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # a run of one or two steps autoscales x to a sliver around its points (ticks -0.04 ... 0.04): widen it to
+    # half a step either side, and let a single whole-number tick stand alone
+    lo, hi = ax.get_xlim()
+    first, last = math.ceil(lo), math.floor(hi)
+    if last - first < 2:
+        ax.set_xlim(first - 0.5, max(last, first) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    if "norm" in ylabel and ax.get_ylim()[0] < 0:  # a norm is >= 0: a flat 0 autoscales to +-0.05
+        ax.set_ylim(bottom=-0.03 * ax.get_ylim()[1])
     if "fraction" in ylabel or ylabel in ("reward", "success rate"):
         lo, hi = ax.get_ylim()
         ax.set_ylim(min(lo, -0.02), max(hi, 1.02))
+
+
+def fit_suptitle(fig, text: str, fontsize: float = 12.0):
+    """``fig.suptitle(text)`` with each line wrapped to the figure's width (a one-panel figure is 4.6 in wide:
+    a long title would be cut at both edges); returns the title's ``Text``."""
+    import textwrap
+
+    # ~0.6 em per character of the default sans-serif font, 72 points per inch, a margin of 5 %
+    width = max(20, int(0.95 * fig.get_figwidth() * 72 / (0.6 * fontsize)))
+    lines = [textwrap.fill(line, width) for line in text.split("\n")]
+    return fig.suptitle("\n".join(lines), fontsize=fontsize)
 
 
 def _panels_figure(
@@ -171,7 +190,9 @@ def _panels_figure(
                 ax.plot(steps, trailing_mean(values, smooth), ls="-", lw=2.2, color=color, label=run.label)
                 smoothed = True
             elif steps:
-                ax.plot(steps, values, marker=marker or None, ls="-", color=color, label=run.label)
+                # a one-point series is invisible as a line alone
+                dot = marker or ("o" if len(steps) == 1 else None)
+                ax.plot(steps, values, marker=dot, ls="-", color=color, label=run.label)
         style_axes(ax, ptitle, ylabel, hline=hline)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
@@ -183,7 +204,9 @@ def _panels_figure(
                     handles.append(h)
                     labels.append(lab)
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize=8)
-    fig.suptitle(f"{title}\nthin: each step; thick: mean of the last {smooth} steps" if smoothed else title)
+    fit_suptitle(
+        fig, f"{title}\nthin: each step; thick: mean of the last {smooth} steps" if smoothed else title
+    )
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -282,7 +305,7 @@ def plot_runs(
                 (a, f"lemma/factor/{a}", r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$")
                 for a in _agents(runs, "lemma/factor/")
             ],
-            "Lemma 4.2 factor per agent (1 = global baseline costs nothing; no point where σ = 0)",
+            "Lemma 4.2 factor per agent\n1 = a global baseline costs nothing; no point where σ = 0",
             out / "lemma_factor.png",
             marker="o",
             hline=1.0,

@@ -234,9 +234,6 @@ def test_make_backend_factory(model_tok):
     # a resolved model group: its backend and typed backend_options
     group = SimpleNamespace(backend="hf", backend_options=HFOptions(max_batch_size=5, seed=1))
     assert make_backend_by_name(group, model, tok).max_batch_size == 5
-    # an object of the old shape (backend_kwargs) still builds
-    old = SimpleNamespace(backend="hf", backend_kwargs={"max_batch_size": 3})
-    assert make_backend_by_name(old, model, tok).max_batch_size == 3
     with pytest.raises(ValueError, match="unknown backend 'vlm'.*Did you mean 'hf'|unknown backend 'vlm'"):
         make_backend_by_name("vlm", None, model, tok)
     with pytest.raises(ValueError, match=r"no option 'max_batch'. Did you mean 'max_batch_size'"):

@@ -1,4 +1,4 @@
-"""The public env hooks, the deprecated 0.1 names that still work, and the one default-task mechanism."""
+"""The public env hooks and the one default-task mechanism."""
 
 from __future__ import annotations
 
@@ -56,85 +56,6 @@ def test_public_hooks_define_an_env_without_warnings():
         assert _play(env, ["3"]) == {"a": 1.0}
         assert [(e.speaker, e.text) for e in env.transcript] == [("env", "heard 3"), ("a", "3")]
         assert env.observe("a") == "say 3"
-
-
-def test_old_hook_names_still_work_with_a_deprecation_warning_naming_the_new_one():
-    with pytest.warns(DeprecationWarning) as rec:
-
-        class OldEnv(TextAECEnv):
-            metadata = {"name": "old-v0", "render_modes": ["ansi"], "is_parallelizable": False}
-            possible_agents = ("a",)
-
-            def _start(self, task):
-                self.said = None
-                return "a"
-
-            def _prompt(self, agent):
-                return [{"role": "user", "content": "old " + self.task["question"]}]
-
-            def _act(self, agent, action):
-                self.said = action.strip()
-                self._note("noted")
-                return Transition(invalid=False, next_agent=None)
-
-            def _outcome(self):
-                return Outcome(float(self.said == self.task["answer"]), self.said == self.task["answer"])
-
-    messages = sorted(str(w.message) for w in rec)
-    assert len(messages) == 4
-    for old, new in [
-        ("_act", "apply_action"),
-        ("_outcome", "episode_outcome"),
-        ("_prompt", "prompt_messages"),
-        ("_start", "start_episode"),
-    ]:
-        assert any(m.startswith(f"OldEnv.{old} is deprecated: rename it to {new}") for m in messages), (
-            messages
-        )
-    env = OldEnv()
-    with pytest.warns(DeprecationWarning, match="_note is deprecated: call add_note"):
-        assert _play(env, ["3"]) == {"a": 1.0}
-    assert env.observe("a") == "old say 3"
-    assert [(e.speaker, e.text) for e in env.transcript] == [("env", "noted"), ("a", "3")]
-    with pytest.warns(DeprecationWarning):
-        assert _play(env, ["4"]) == {"a": 0.0}
-
-
-def test_an_old_name_override_on_a_subclass_of_a_built_in_env_is_not_silently_ignored():
-    with pytest.warns(DeprecationWarning, match="Shouty._prompt is deprecated: rename it to prompt_messages"):
-
-        class Shouty(MathOneAgentEnv):
-            def _prompt(self, agent):
-                return [{"role": "user", "content": self.task["question"].upper()}]
-
-    with pytest.warns(DeprecationWarning, match="Shoutier._prompt"):
-
-        class Shoutier(Shouty):  # a further override of the old name is found through the same bridge
-            def _prompt(self, agent):
-                return [{"role": "user", "content": "!" + self.task["question"].upper()}]
-
-    env = Shouty(tasks=[TASK])
-    env.reset(options={"task_index": 0})
-    assert env.observe("solver") == "SAY 3"
-    env2 = Shoutier(tasks=[TASK])
-    env2.reset(options={"task_index": 0})
-    assert env2.observe("solver") == "!SAY 3"
-
-
-def test_a_class_defining_both_names_gets_no_warning_and_the_public_hook_wins():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-
-        class Both(NewEnv):
-            def prompt_messages(self, agent):
-                return [{"role": "user", "content": "new"}]
-
-            def _prompt(self, agent):  # an unrelated private helper of the same old name
-                return [{"role": "user", "content": "old"}]
-
-        env = Both()
-        env.reset(options={"task": TASK})
-        assert env.observe("a") == "new"
 
 
 def test_a_missing_hook_is_a_clear_error():

@@ -240,3 +240,33 @@ def test_time_off_the_clock_is_left_out_of_the_bar_rate():
     elapsed = bar.format_dict["elapsed"]
     bar.close()
     assert elapsed < 0.25  # without the shift it would be >= 0.5 s
+
+
+def test_evaluation_shows_a_bar_over_its_tasks(capsys):
+    """A 50-task evaluation ran minutes without a sign of life (issue 28.12): evaluate's per-batch progress
+    callback now drives a bar over the tasks."""
+    from mas_train.eval import evaluate
+    from mas_train.progress import eval_progress
+
+    class Batch:
+        def __init__(self, tasks, k):
+            self.trajectories = [
+                type("T", (), {"task_uid": str(t["id"]), "success": True, "data_source": "s", "team_reward": 1.0,
+                               "metrics": {}})()
+                for t in tasks
+                for _ in range(k)
+            ]  # fmt: skip
+            self.samples = []
+
+    class Collector:
+        def collect(self, tasks, k, **_):
+            return Batch(tasks, k)
+
+    tasks = [{"id": i} for i in range(20)]
+    with eval_progress(len(tasks), 4) as tick:
+        out = evaluate(Collector(), tasks, k=4, tasks_per_batch=8, progress=tick)
+    err = capsys.readouterr().err
+    assert out["eval/avg@4"] == 1.0 and out["eval/num_tasks"] == 20.0
+    assert "eval (k=4)" in err and "8/20" in err and "16/20" in err  # then cleared (leave=False)
+    with eval_progress(len(tasks), 4, enabled=False) as tick:
+        assert tick is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 
@@ -361,9 +362,6 @@ def test_cli_value_forms():
     assert cfg.sampling.top_k == 20
     g = cfg.resolve(AGENTS).model_groups["a"]
     assert (g.backend_options.mem_fraction_static, g.num_gpus, g.agents) == (0.45, 0.5, ("solver",))
-    assert g.backend_kwargs == {
-        "mem_fraction_static": 0.45
-    }  # the deprecated view: options set away from default
     assert parse_args(["--log_agent_grad_norms"]).log_agent_grad_norms is True
 
 
@@ -513,11 +511,10 @@ def test_backend_options_are_typed_per_kind():
         )
 
 
-def test_backend_kwargs_still_read_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match=r"model_groups.a.backend_kwargs is deprecated: rename it to "
-                      r"model_groups.a.backend_options"):  # fmt: skip
-        cfg = TrainConfig.from_dict({"model_groups": {"a": {"backend_kwargs": {"max_batch_size": 3}}}})
-    assert cfg.model_groups["a"].backend_options == {"max_batch_size": 3}
+def test_backend_kwargs_is_an_unknown_setting():
+    """The never-released spelling is gone: one error naming the right key."""
+    with pytest.raises(ConfigError, match="backend_kwargs.*backend_options"):
+        TrainConfig.from_dict({"model_groups": {"a": {"backend_kwargs": {"max_batch_size": 3}}}})
 
 
 def test_lora_and_shared_lora():
@@ -863,3 +860,173 @@ def test_eval_help_lists_every_field(capsys):
     out = capsys.readouterr().out
     for f in dataclasses.fields(EvalConfig):
         assert f"--{f.name}" in out and f.metadata["help"], f.name
+
+
+# ------------------------------------------------------------------------------------------ one tier of defaults
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+#: ``parse_args(["--env", "math-2agent"]).to_dict()`` at ddc0558, before the defaults were moved onto the fields
+PLAIN_RUN_AT_DDC0558 = {
+    "advantage_eps": 1e-06,
+    "advantage_mode": "drmas",
+    "advantage_scope": "group",
+    "agents": {},
+    "backend": "hf",
+    "backend_options": {},
+    "data_fields": {},
+    "device": "auto",
+    "dtype": "auto",
+    "env": "math-2agent",
+    "env_kwargs": {"prompt_style": "fewshot"},
+    "eval_before_training": True,
+    "eval_data": "rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+,-&allow_negation=false&allow_parentheses=false&size=50&seed=1001",
+    "eval_k": 4,
+    "eval_num_tasks": 50,
+    "eval_sampling": {"max_new_tokens": None, "temperature": 0.6, "top_k": 0, "top_p": 0.95},
+    "eval_steps": 14,
+    "grpo": {},
+    "invalid_action_penalty": None,
+    "learning_rate": 0.0001,
+    "log_agent_grad_norms": None,
+    "logging_steps": 1,
+    "lora": {
+        "alpha": 32,
+        "dropout": 0.0,
+        "r": 16,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    },
+    "lr_scheduler_type": "constant",
+    "max_grad_norm": 1.0,
+    "max_prompt_length": 1024,
+    "max_steps": 14,
+    "micro_batch_size": 2,
+    "model": "smollm2-135m-instruct",
+    "model_groups": {},
+    "model_sharing": "shared_lora",
+    "num_generations": 8,
+    "num_ranks": 1,
+    "output_dir": "runs",
+    "pool": "local",
+    "report_to": ["tensorboard", "jsonl"],
+    "resume": None,
+    "run_name": None,
+    "sampling": {"max_new_tokens": 32, "temperature": 0.7, "top_k": 0, "top_p": 1.0},
+    "save_steps": 7,
+    "save_total_limit": 2,
+    "seed": 0,
+    "sharding": "fsdp2",
+    "tasks_per_step": 2,
+    "train_data": "rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+,-&allow_negation=false&allow_parentheses=false&size=1000&seed=1",
+    "trainable": True,
+    "warmup_steps": 0.0,
+    "weight_decay": 0.0,
+}
+#: ``parse_args(["--train_data", "gsm8k-train"]).to_dict()`` at ddc0558: the paper setting, one flag away
+PAPER_RUN_AT_DDC0558 = {
+    "advantage_eps": 1e-06,
+    "advantage_mode": "drmas",
+    "advantage_scope": "group",
+    "agents": {},
+    "backend": "hf",
+    "backend_options": {},
+    "data_fields": {},
+    "device": "auto",
+    "dtype": "auto",
+    "env": "math-2agent",
+    "env_kwargs": {},
+    "eval_before_training": True,
+    "eval_data": None,
+    "eval_k": 4,
+    "eval_num_tasks": 2,
+    "eval_sampling": {"max_new_tokens": None, "temperature": 0.6, "top_k": 0, "top_p": 0.95},
+    "eval_steps": 6,
+    "grpo": {},
+    "invalid_action_penalty": None,
+    "learning_rate": 1e-05,
+    "log_agent_grad_norms": None,
+    "logging_steps": 1,
+    "lora": None,
+    "lr_scheduler_type": "constant",
+    "max_grad_norm": 1.0,
+    "max_prompt_length": 1024,
+    "max_steps": 6,
+    "micro_batch_size": 2,
+    "model": "smollm2-135m-instruct",
+    "model_groups": {},
+    "model_sharing": "shared",
+    "num_generations": 4,
+    "num_ranks": 1,
+    "output_dir": "runs",
+    "pool": "local",
+    "report_to": ["tensorboard", "jsonl"],
+    "resume": None,
+    "run_name": None,
+    "sampling": {"max_new_tokens": 128, "temperature": 0.7, "top_k": 0, "top_p": 1.0},
+    "save_steps": 3,
+    "save_total_limit": 2,
+    "seed": 0,
+    "sharding": "fsdp2",
+    "tasks_per_step": 1,
+    "train_data": "gsm8k-train",
+    "trainable": True,
+    "warmup_steps": 0.0,
+    "weight_decay": 0.0,
+}
+
+
+def test_plain_run_resolves_to_the_laptop_setting_of_ddc0558_and_the_paper_setting_is_one_flag_away():
+    import mas_envs
+
+    plain = parse_args(["--env", "math-2agent"])
+    assert plain.to_dict() == PLAIN_RUN_AT_DDC0558
+    assert parse_args([]).to_dict() == PLAIN_RUN_AT_DDC0558
+    assert parse_args(["--train_data", "gsm8k-train"]).to_dict() == PAPER_RUN_AT_DDC0558
+    # naming a model leaves the laptop layer as naming tasks does
+    named = parse_args(["--model", "Qwen/Qwen3-4B"]).to_dict()
+    assert named == {**PAPER_RUN_AT_DDC0558, "model": "Qwen/Qwen3-4B", "train_data": None}
+    # the written-out example is the same run (its grpo section restates TRL's defaults)
+    example = TrainConfig.from_yaml(EXAMPLES / "math_2agent_cpu.yaml").to_dict()
+    assert {**example, "grpo": {}} == PLAIN_RUN_AT_DDC0558
+    agents = list(mas_envs.make("math-2agent").possible_agents)
+    groups = plain.resolve(agents).model_groups
+    assert {
+        g.name: (g.lora.r, g.learning_rate, g.micro_batch_size, g.base_group) for g in groups.values()
+    } == {
+        "solver": (16, 1e-4, 2, "solver"),
+        "verifier": (16, 1e-4, 2, "solver"),
+    }
+
+
+def test_help_shows_what_a_plain_run_does_laptop_setting(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "What a plain run does: `mas-train --env math-2agent`" in text
+    text = text.split("options:", 1)[1]  # past the usage line
+    for flag, shown in [
+        ("max_steps", "(default: 6; plain run of math-2agent, math-1agent: 14)"),
+        ("num_generations", "(default: 4; plain run of math-2agent, math-1agent: 8)"),
+        ("learning_rate", "(default: 1e-05; plain run of math-2agent, math-1agent: 0.0001)"),
+        ("model_sharing", "(default: shared; plain run of math-2agent, math-1agent: shared_lora)"),
+        ("sampling.max_new_tokens", "(default: 128; plain run of math-2agent, math-1agent: 32)"),
+        ("lora.r", "(plain run of math-2agent, math-1agent: 16)"),
+        ("env_kwargs", "(default: {}; plain run of math-2agent, math-1agent: prompt_style=fewshot)"),
+    ]:
+        assert shown in text.split(f"--{flag} V", 1)[1].split(" --", 1)[0], flag
+
+
+def test_a_laptop_setting_for_another_env_is_data_only_laptop_setting(monkeypatch, capsys):
+    """An entry in LAPTOP_DEFAULTS is all an env needs: the plain run gets it and --help shows it."""
+    from mas_train.config import LAPTOP_DEFAULTS
+
+    monkeypatch.setitem(
+        LAPTOP_DEFAULTS, "search-1agent", {"max_steps": 9, "sampling": {"max_new_tokens": 64}}
+    )
+    cfg = parse_args(["--env", "search-1agent"])
+    assert (cfg.max_steps, cfg.sampling.max_new_tokens, cfg.num_generations) == (9, 64, 4)
+    assert parse_args(["--env", "search-1agent", "--train_data", "x.jsonl"]).max_steps == 6
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 6; plain run of math-2agent, math-1agent: 14; search-1agent: 9)" in text

@@ -27,6 +27,18 @@ needs_smollm2 = pytest.mark.skipif(
 )
 
 
+def _options_set(group) -> dict:
+    """The group's backend options that differ from their defaults."""
+    import dataclasses
+
+    opts = group.backend_options
+    return {
+        f.name: getattr(opts, f.name)
+        for f in dataclasses.fields(opts)
+        if getattr(opts, f.name) != getattr(type(opts)(), f.name)
+    }
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -48,9 +60,9 @@ def test_scaling_example_configs_resolve(name):
         if group.backend.startswith("sglang"):
             from mas_train.backends.sglang import SGLANG_BACKEND_KWARGS
 
-            assert set(group.backend_kwargs) <= set(SGLANG_BACKEND_KWARGS), group.name
+            assert set(_options_set(group)) <= set(SGLANG_BACKEND_KWARGS), group.name
         if cfg.pool == "ray":
-            assert "gpu_ids" not in group.backend_kwargs  # Ray assigns the GPUs
+            assert "gpu_ids" not in _options_set(group)  # Ray assigns the GPUs
 
 
 def test_example_maps_agents_to_two_models():

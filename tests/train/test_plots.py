@@ -65,3 +65,45 @@ def test_trailing_mean_and_a_long_run_draws_it(tmp_path):
     assert trailing_mean([3.0], 5) == [3.0] and trailing_mean([], 5) == []
     paths = plot_run(write_fake_run(tmp_path / "r", steps=12))  # > SMOOTH_STEPS points: the smoothed path
     assert paths[0].name == "reward.png" and paths[0].read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(("steps", "ticks"), [([1], [1]), ([0], [0]), ([0, 1], [0, 1]), ([0, 1, 2, 3], None)])
+def test_few_point_panels_get_whole_step_ticks(steps, ticks):
+    """A 1-step run's panels autoscaled x to a sliver around the point, ticked -0.04 ... 0.04 (issue 28.13)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mas_train.tools.plots import style_axes
+
+    fig, ax = plt.subplots()
+    ax.plot(steps, [0.5] * len(steps), marker="o")
+    style_axes(ax, "t", "reward")
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    shown = [t for t in ax.get_xticks() if lo <= t <= hi]
+    plt.close(fig)
+    assert all(t == int(t) for t in shown), shown
+    assert lo < min(steps) and hi > max(steps)
+    if ticks is not None:
+        assert shown == ticks
+
+
+def test_a_one_panel_figure_keeps_its_whole_title():
+    """lemma_factor.png of a one-agent run: one 4.6-inch panel under a 90-character title, cut at both ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mas_train.tools.plots import fit_suptitle
+
+    title = "Lemma 4.2 factor per agent (1 = global baseline costs nothing; no point where σ = 0)"
+    fig, _ = plt.subplots(figsize=(4.6, 3.9), constrained_layout=True)
+    text = fit_suptitle(fig, title)
+    fig.canvas.draw()
+    box = text.get_window_extent()
+    plt.close(fig)
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
+    assert " ".join(text.get_text().split()) == title  # wrapped, nothing dropped

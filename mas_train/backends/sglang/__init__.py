@@ -199,8 +199,7 @@ def _server_flags(args: dict[str, Any]) -> list[str]:
 
 def make_sglang_backend(group: Any, model: Any = None, tokenizer: Any = None) -> Any:
     """Build the SGLang backend a model group asks for: ``group.backend`` (``sglang_engine`` or
-    ``sglang_http``) with ``group.backend_options`` (an options object or a mapping; the deprecated
-    ``backend_kwargs`` mapping is read when there is none).
+    ``sglang_http``) with ``group.backend_options`` (an options object or a mapping).
 
     Raises:
         ValueError: not an SGLang kind, an unknown option (with close matches) or an invalid value.
@@ -213,8 +212,6 @@ def make_sglang_backend(group: Any, model: Any = None, tokenizer: Any = None) ->
             f"make_sglang_backend: backend must be 'sglang_engine' or 'sglang_http', got {kind!r}"
         )
     options = getattr(group, "backend_options", None)
-    if options is None:
-        options = getattr(group, "backend_kwargs", None)
     name = getattr(group, "name", "") or "<group>"
     try:
         options = build_options(kind, options)
