@@ -28,6 +28,7 @@ from mas_train.config import ConfigError
 __all__ = [
     "RESUMABLE_CHANGES",
     "RunPlan",
+    "check_reward_weights",
     "load_task_rows",
     "make_env_factory",
     "prepare",
@@ -139,6 +140,24 @@ def make_env_factory(cfg: Any) -> Callable[[], Any]:
     return env_factory
 
 
+def check_reward_weights(resolved: Any, probe: Any) -> None:
+    """Refuse a role weight for an agent the env gives no role score (it could never be honoured).
+
+    Raises:
+        ConfigError: one line naming the agent, the env's role-scored agents and what to do.
+    """
+    env = probe.unwrapped
+    scored = tuple(getattr(type(env), "role_reward_agents", ()))
+    for name, agent in resolved.agents.items():
+        if agent.reward_weights.role != 0.0 and name not in scored:
+            gives = f"gives role scores to {', '.join(scored)} only" if scored else "gives no role scores"
+            raise ConfigError(
+                f"agents.{name}.reward_weights.role is {agent.reward_weights.role:g}, but env "
+                f"{resolved.config.env!r} {gives}; set agents.{name}.reward_weights.role: 0 or use an env that "
+                "scores this agent by role (docs/envs.md 'Role rewards')"
+            )
+
+
 def probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
     """``factory()``, with an unknown env id or an env argument the env does not take turned into a
     :class:`ConfigError` that says where to look.
@@ -207,6 +226,7 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
     factory = env_factory or make_env_factory(cfg)
     probe = probe_env(cfg, factory)
     resolved = cfg.resolve(list(probe.possible_agents))
+    check_reward_weights(resolved, probe)
     train = load_task_rows(
         f"train_data {cfg.train_data!r}" if cfg.train_data else "the env's training tasks",
         lambda: T.train_tasks(cfg, probe),

@@ -6,7 +6,8 @@ model loading, the loop of :meth:`MultiGroupTrainer.fit`, the summary. One step
 
 1. the next ``tasks_per_step`` tasks, ``num_generations`` (G) episodes of each, collected in lock-step
    (:class:`~mas_train.rollout.RolloutCollector`);
-2. each turn's score ``s = R − c·invalid`` and its advantage (:func:`~mas_train.advantages.compute_advantages`,
+2. each turn's score ``s = w_team·R + w_role·role_reward − c·invalid`` (the agent's ``reward_weights``; by
+   default team 1, role 0: ``s = R − c·invalid``) and its advantage (:func:`~mas_train.advantages.compute_advantages`,
    Dr. MAS eq. 5 by default), computed over the whole batch before it is split by model group;
 3. per model group: its samples and advantages to its worker's GRPO update
    (:meth:`~mas_train.worker.ModelGroupWorker.update`), then the weight sync to its generation backend;
@@ -114,6 +115,7 @@ class MultiGroupTrainer:
         """
         from mas_train.advantages import compute_advantages_with_stats, lemma_metrics
         from mas_train.metrics import rollout_metrics, update_metrics
+        from mas_train.scoring import turn_scores
 
         cfg = self.cfg
         t_start = time.perf_counter()
@@ -126,8 +128,9 @@ class MultiGroupTrainer:
         metrics = rollout_metrics(batch, self.penalty)
         adv = np.zeros(0)
         if samples:
+            weights = {a: ra.reward_weights for a, ra in self.resolved.agents.items()}
             columns = (
-                [s.score(self.penalty) for s in samples],
+                turn_scores(samples, self.penalty, weights),
                 [s.task_uid for s in samples],
                 [s.traj_uid for s in samples],
                 [s.agent for s in samples],

@@ -82,6 +82,7 @@ from mas_train.config.sections import (
     EvalSamplingConfig,
     LoraConfig,
     ModelGroupConfig,
+    RewardWeights,
     SamplingConfig,
 )
 from mas_train.config.train import TrainConfig
@@ -121,6 +122,7 @@ __all__ = [
     "EvalConfig",
     "EvalGroupConfig",
     "LoraConfig",
+    "RewardWeights",
     "ModelGroupConfig",
     "ResolvedAgent",
     "ResolvedConfig",
