@@ -136,7 +136,12 @@ class MultiGroupTrainer:
                 [s.agent for s in samples],
             )
             res = compute_advantages_with_stats(
-                *columns, mode=cfg.advantage_mode, eps=cfg.advantage_eps, scope=cfg.advantage_scope
+                *columns,
+                mode=cfg.advantage_mode,
+                eps=cfg.advantage_eps,
+                scope=cfg.advantage_scope,
+                turn_ids=[s.turn for s in samples],
+                min_turn_samples=cfg.advantage_turn_min_samples,
             )
             adv = res.advantages
             metrics.update(res.metrics(prefix="charts/advantage"))
