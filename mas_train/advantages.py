@@ -1,7 +1,8 @@
 r"""Advantages for multi-agent GRPO: global (GRPO) and per-agent (Dr. MAS) normalisation.
 
 Pure, vectorised numpy; no trainer state. One *sample* is one agent turn; its score is
-``s = R - c * invalid`` (R the team reward of its trajectory, c the invalid-action penalty). Samples are
+``s = R - c * invalid`` (R the team reward of its trajectory, c the invalid-action penalty), or with per-agent
+reward weights ``s = w_team R + w_role role_reward - c * invalid`` (:mod:`mas_train.scoring`). Samples are
 grouped into *task groups* (the G trajectories sampled for one task), trajectories and agents.
 
 Notation for one task group (Dr. MAS, arXiv 2602.08847):
