@@ -143,3 +143,16 @@ def test_turn_scope_errors():
     assert np.array_equal(
         compute_advantages(s, g, t, a, scope="group", turn_ids=dup), compute_advantages(s, g, t, a)
     )
+
+
+def test_the_config_refuses_grpo_with_turn_scope_and_a_zero_threshold():
+    from mas_train.config import ConfigError, TrainConfig
+
+    with pytest.raises(
+        ConfigError, match="advantage_scope: turn groups the per-agent statistics by turn position"
+    ):
+        TrainConfig.from_dict({"advantage_scope": "turn", "advantage_mode": "grpo"})
+    with pytest.raises(ConfigError, match="advantage_turn_min_samples"):
+        TrainConfig.from_dict({"advantage_scope": "turn", "advantage_turn_min_samples": 0})
+    cfg = TrainConfig.from_dict({"advantage_scope": "turn", "advantage_turn_min_samples": 3})
+    assert (cfg.advantage_scope, cfg.advantage_turn_min_samples) == ("turn", 3)

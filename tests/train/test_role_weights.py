@@ -149,3 +149,81 @@ def test_prepare_refuses_it_before_loading_tasks_or_models():
         ConfigError, match=r"^agents\.solver\.reward_weights\.role is 1, but env 'math-1agent'"
     ):
         prepare(cfg)
+
+
+def test_the_trainer_scores_with_the_agents_weights_and_passes_turn_ids(
+    tmp_path, tiny_qwen3_path, monkeypatch
+):
+    """One real train_step: the advantages see w_team*R + w_role*role_reward per turn and the samples' turns."""
+    import zlib
+
+    from _train_fakes import PARITY_TASKS, ParityEnv
+
+    import mas_train.advantages as advantages
+    from mas_envs.core import Outcome, wrap
+    from mas_train.trainer import MultiGroupTrainer
+
+    class RoleParity(ParityEnv):
+        role_reward_agents = ("verifier",)
+
+        def episode_outcome(self):
+            r = (zlib.crc32(self.last_answer.encode("utf-8", "surrogatepass")) % 1000) / 999
+            verifier_turns = [e.turn for e in self.transcript if e.speaker == "verifier"]
+            return Outcome(r, r > 0.5, role_rewards=dict.fromkeys(verifier_turns, 0.25))
+
+    seen = {}
+    real = advantages.compute_advantages_with_stats
+
+    def spy(*cols, **kw):
+        seen["cols"], seen["kw"] = cols, kw
+        return real(*cols, **kw)
+
+    monkeypatch.setattr(advantages, "compute_advantages_with_stats", spy)
+    cfg = TrainConfig.from_dict(
+        dict(
+            env="parity",
+            model=tiny_qwen3_path,
+            model_sharing="shared",
+            num_generations=2,
+            tasks_per_step=1,
+            max_steps=1,
+            output_dir=str(tmp_path),
+            run_name="run",
+            sampling={"max_new_tokens": 4},
+            advantage_scope="turn",
+            agents={"verifier": {"reward_weights": {"team": 2.0, "role": 4.0}}},
+        )
+    )
+    tr = MultiGroupTrainer(
+        cfg.resolve(["solver", "verifier"]),
+        env_factory=lambda: wrap(RoleParity()),
+        train_tasks=PARITY_TASKS,
+    )
+    try:
+        captured = []
+        orig = tr.collector.collect
+
+        def collect(*a, **kw):
+            batch = orig(*a, **kw)
+            captured.append(batch)
+            return batch
+
+        tr.collector.collect = collect
+        metrics, _ = tr.train_step()
+        samples = captured[0].samples
+        c = tr.penalty
+        expected = [
+            (2.0 * s.team_reward + 4.0 * 0.25 if s.agent == "verifier" else s.team_reward)
+            - c * float(s.invalid)
+            for s in samples
+        ]
+        assert any(s.agent == "verifier" for s in samples)
+        assert [s.role_reward for s in samples if s.agent == "verifier"] == [0.25] * sum(
+            s.agent == "verifier" for s in samples
+        )
+        np.testing.assert_allclose(seen["cols"][0], expected, rtol=0, atol=1e-15)
+        assert seen["kw"]["scope"] == "turn" and seen["kw"]["turn_ids"] == [s.turn for s in samples]
+        assert seen["kw"]["min_turn_samples"] == 2
+        assert metrics["charts/role_reward/verifier"] == 0.25
+    finally:
+        tr.close()
