@@ -16,7 +16,8 @@ What the base class does
 * `infos[agent]` always holds `messages` (that agent's prompt as chat messages), `turn` (0-based index of the
   next turn, global across agents), `task_id` and `invalid_action` (whether the agent's last action was
   malformed). When the episode ends every agent also gets `team_reward` (R, no penalties), `success` and
-  `episode_metrics` (the env's per-episode metrics from `Outcome.metrics`, name -> float).
+  `episode_metrics` (the env's per-episode metrics from `Outcome.metrics`, name -> float) and `role_rewards`
+  (the env's per-turn role scores from `Outcome.role_rewards`, turn -> float; empty for an env that gives none).
 * One cached `UnicodeText` space per agent for observations and actions: any Unicode string, empty allowed.
 * `render()` with `render_mode="ansi"` returns the transcript; `state()` returns it too.
 * Pickling: envs hold only plain data, so `pickle.dumps(env)` works at any point (tested after reset).
@@ -32,6 +33,7 @@ A subclass sets these class attributes (the typed block, as in PettingZoo's ``ut
     default_invalid_action_penalty: float          # the coefficient c (the invalid_action_penalty= kwarg wins)
     default_tasks: str | None                      # task spec of the env's own (training) task list
     default_eval_tasks: str | None                 # task spec of its held-out evaluation set
+    role_reward_agents: tuple[str, ...]            # optional: agents whose turns get a role score (default none)
     fuzz_fragments: dict[str, tuple[str, ...]]     # optional: tags UnicodeText.sample() mixes into random text
 
 A task spec is anything `mas_envs.data.load_tasks` accepts: a bundled set name, a path, a hub id or a
@@ -47,7 +49,8 @@ and implements these public hooks (all called by the base class; none of them to
 * `apply_action(self, agent: str, action: str) -> Transition`: parse the action, update the episode state and
   say whether it was invalid and who acts next (`next_agent=None` ends the episode). It must not raise on any
   str.
-* `episode_outcome(self) -> Outcome`: the team reward R, success and optional per-episode metrics, called
+* `episode_outcome(self) -> Outcome`: the team reward R, success, optional per-episode metrics and optional
+  per-turn role scores (`Outcome.role_rewards`, only for turns of the agents in `role_reward_agents`), called
   once when the episode ends.
 * optionally call `add_note(text)` to add an env message (such as retrieved passages) to the transcript, and
   define the classmethods `golden_episodes()` (`GoldenEpisode`s that `mas_envs.testing.check_env` replays)
@@ -65,6 +68,7 @@ Then give the module an `env(**kwargs)` function (`wrap(MyEnv(**kwargs))`) and r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import numbers
@@ -192,21 +196,34 @@ class Outcome:
             trainer logs their mean over a step's episodes as ``env/<name>`` and ``mas-eval`` as
             ``eval/env/<name>``. An episode may leave a metric out (e.g. no verifier turn happened): means are
             taken over the episodes that report it. Names use letters, digits, ``_`` and ``/``.
+        role_rewards: optional agent-specific scores, ``{turn: score}``: the 0-based global turn index of an
+            action (``TranscriptEntry.turn``, ``Sample.turn``) -> a finite float judging that turn by its role
+            alone (e.g. was the verifier's verdict right), independent of the team reward. Only turns taken
+            by an agent of the env's ``role_reward_agents`` may have one; a turn left out has none. They never
+            enter ``rewards`` (the PettingZoo returns stay ``R - c * invalid``): they reach every agent's
+            ``infos[agent]["role_rewards"]`` and the transcript at the end, and a trainer weighs them in per
+            agent (``agents.<agent>.reward_weights`` in mas-train, docs/envs.md "Role rewards").
     """
 
     team_reward: float
     success: bool
     metrics: Mapping[str, float] = field(default_factory=dict)
+    role_rewards: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class TranscriptEntry:
-    """One line of the episode transcript: an agent's action or an env message (`speaker == "env"`)."""
+    """One line of the episode transcript: an agent's action or an env message (`speaker == "env"`).
+
+    ``role_reward`` is the turn's role score (`Outcome.role_rewards`), filled in when the episode ends; `None`
+    for env messages, turns the env does not score by role and episodes still running.
+    """
 
     turn: int
     speaker: str
     text: str
     invalid: bool = False
+    role_reward: float | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +240,8 @@ class GoldenEpisode:
         success: expected `infos[a]["success"]` at the end.
         env_kwargs: constructor kwargs for this episode (e.g. a stub retriever).
         truncated: whether the episode is expected to end by truncation instead of termination.
+        role_rewards: expected `infos[a]["role_rewards"]` at the end (turn -> role score); `None` skips the
+            check (an env without role scores must then give `{}`).
     """
 
     name: str
@@ -234,6 +253,7 @@ class GoldenEpisode:
     success: bool
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     truncated: bool = False
+    role_rewards: dict[int, float] | None = None
 
 
 def messages_to_text(messages: Sequence[Mapping[str, str]]) -> str:
@@ -288,6 +308,8 @@ class TextAECEnv(AECEnv[str, str, str]):
     default_invalid_action_penalty: ClassVar[float] = 0.1
     default_tasks: ClassVar[str | None] = None
     default_eval_tasks: ClassVar[str | None] = None
+    # agents whose turns the env scores by role (Outcome.role_rewards); a trainer refuses a role weight for others
+    role_reward_agents: ClassVar[tuple[str, ...]] = ()
 
     # --- hooks a subclass implements -------------------------------------------------------------------
     def start_episode(self, task: dict[str, Any]) -> str:
@@ -512,12 +534,14 @@ class TextAECEnv(AECEnv[str, str, str]):
             self.truncated = transition.next_agent is not None
             done = self.truncations if self.truncated else self.terminations
             outcome = self.outcome = self.episode_outcome()
+            role = self._apply_role_rewards(outcome.role_rewards)
             for a in self.agents:
                 done[a] = True
                 self.rewards[a] += float(outcome.team_reward)
                 self.infos[a]["team_reward"] = float(outcome.team_reward)
                 self.infos[a]["success"] = bool(outcome.success)
                 self.infos[a]["episode_metrics"] = {str(k): float(v) for k, v in outcome.metrics.items()}
+                self.infos[a]["role_rewards"] = dict(role)
         else:
             self._check_agent(transition.next_agent)
             self.agent_selection = transition.next_agent
@@ -537,6 +561,8 @@ class TextAECEnv(AECEnv[str, str, str]):
             lines.append(f"Question: {self.task.get('question', '')}")
         for e in self.transcript:
             flag = " (invalid)" if e.invalid else ""
+            if e.role_reward is not None:
+                flag += f" (role reward {e.role_reward:g})"
             lines.append(f"--- turn {e.turn} | {e.speaker}{flag} ---")
             lines.append(e.text)
         if self.outcome is not None:
@@ -553,6 +579,44 @@ class TextAECEnv(AECEnv[str, str, str]):
     def add_note(self, text: str) -> None:
         """Add an env message (e.g. retrieved passages) to the transcript at the current turn."""
         self.transcript.append(TranscriptEntry(self.turn, "env", text))
+
+    def _apply_role_rewards(self, role_rewards: Mapping[int, float]) -> dict[int, float]:
+        """Check the outcome's role scores against the transcript and write them onto its entries.
+
+        Raises:
+            RuntimeError: a role score for a turn that is no action, for an agent outside
+                `role_reward_agents`, or one that is not a finite number (an env bug: a NaN here would reach
+                every advantage of its task group).
+        """
+        if not role_rewards:
+            return {}
+        actions = {e.turn: i for i, e in enumerate(self.transcript) if e.speaker != "env"}
+        allowed = tuple(self.role_reward_agents)
+        out: dict[int, float] = {}
+        for turn, value in role_rewards.items():
+            i = (
+                actions.get(turn)
+                if isinstance(turn, numbers.Integral) and not isinstance(turn, bool)
+                else None
+            )
+            if i is None:
+                raise RuntimeError(
+                    f"{type(self).__name__} gave a role reward for turn {turn!r}, which is no action of this "
+                    f"episode (action turns: {sorted(actions)})"
+                )
+            speaker = self.transcript[i].speaker
+            if speaker not in allowed:
+                raise RuntimeError(
+                    f"{type(self).__name__} gave a role reward to {speaker!r} (turn {turn}), which is not in its "
+                    f"role_reward_agents {allowed}; add the agent there"
+                )
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not np.isfinite(value):
+                raise RuntimeError(
+                    f"{type(self).__name__} gave turn {turn} the role reward {value!r}; it must be a finite number"
+                )
+            out[int(turn)] = float(value)
+            self.transcript[i] = dataclasses.replace(self.transcript[i], role_reward=float(value))
+        return out
 
     def _check_agent(self, agent: str) -> None:
         if agent not in self.possible_agents:

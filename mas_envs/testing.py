@@ -18,16 +18,19 @@ The checks, in order:
    check: they are `TextObservation`s, whose `dtype` is their `UnicodeText` space's), with every warning an error except
    `ALLOWED_WARNINGS` (warnings that hold for any text env: non-NumPy observations, non-Box spaces, agent
    names without a `_<number>` suffix).
-2. The design contract: `stop_strings` (a tuple of str per agent), `invalid_action_penalty`, the `infos`
-   keys `messages` / `turn` / `task_id` / `invalid_action`, and `team_reward` / `success` /
-   `episode_metrics` (str -> finite float) at the end.
+2. The design contract: `stop_strings` (a tuple of str per agent), `invalid_action_penalty`,
+   `role_reward_agents` (a tuple of possible agents), the `infos` keys `messages` / `turn` / `task_id` /
+   `invalid_action`, and `team_reward` / `success` / `episode_metrics` (str -> finite float) /
+   `role_rewards` (action turn -> finite float, only for turns of `role_reward_agents`, and equal for every
+   agent) at the end.
 3. PettingZoo's `seed_test`, and: the same seed and the same actions give an identical transcript.
 4. Pickling after `reset`: the copy plays on exactly like the original.
 5. Random play (`fuzz_episodes` episodes of `action_space(agent).sample()` text, thousands of actions): no
    exception, the standard loop ends with `agents == []`, `agent_selection` is always a live agent, and each
-   agent's return equals `team_reward - c * (its invalid turns)`.
-6. The env's golden episodes (`env.unwrapped.golden_episodes()`): agents, turn count, returns, team reward
-   and success exactly as scripted.
+   agent's return equals `team_reward - c * (its invalid turns)` (role scores never enter the returns), and
+   every role score is also on its transcript entry.
+6. The env's golden episodes (`env.unwrapped.golden_episodes()`): agents, turn count, returns, team reward,
+   success and (where the episode lists them) role scores exactly as scripted.
 7. `render_mode="ansi"` returns the transcript as a `str`.
 """
 
@@ -90,6 +93,30 @@ def _check_contract(env: Any) -> None:
         )
     c = raw.invalid_action_penalty
     assert isinstance(c, float) and c >= 0, f"invalid_action_penalty must be a float >= 0, got {c!r}"
+    role = type(raw).role_reward_agents
+    assert isinstance(role, tuple) and set(role) <= set(raw.possible_agents), (
+        f"role_reward_agents must be a tuple of possible agents, got {role!r}"
+    )
+
+
+def _check_role_rewards(raw: Any, final_info: dict[str, dict[str, Any]], actors: dict[int, str]) -> None:
+    """`role_rewards` at the end: the same dict for every agent, keyed by action turns of role agents, finite
+    floats, and written onto the transcript."""
+    seen = [info.get("role_rewards") for info in final_info.values()]
+    role = seen[0]
+    assert all(r == role for r in seen), f"agents disagree on role_rewards: {seen}"
+    assert isinstance(role, dict), f"infos[agent]['role_rewards'] must be a dict at the end, got {role!r}"
+    allowed = set(type(raw).role_reward_agents)
+    for turn, value in role.items():
+        assert isinstance(turn, int) and turn in actors, f"role_rewards key {turn!r} is not an action turn"
+        assert actors[turn] in allowed, (
+            f"role_rewards scores turn {turn} of {actors[turn]!r}, which is not in role_reward_agents {allowed}"
+        )
+        assert isinstance(value, float) and math.isfinite(value), (
+            f"role_rewards[{turn}] must be a finite float, got {value!r}"
+        )
+    on_transcript = {e.turn: e.role_reward for e in raw.transcript if e.role_reward is not None}
+    assert on_transcript == role, f"transcript role rewards {on_transcript} differ from infos' {role}"
 
 
 def _check_infos(env: Any, agent: str, turn: int) -> None:
@@ -123,6 +150,7 @@ def play_random_episode(env: Any, rng: np.random.Generator, seed: int) -> tuple[
     invalid = dict.fromkeys(env.agents, 0)
     n_actions = turn = 0
     final_info: dict[str, dict[str, Any]] = {}
+    actors: dict[int, str] = {}
     for agent in env.agent_iter(10_000):
         assert agent in env.agents, f"agent_selection {agent!r} is not in agents {env.agents}"
         obs, reward, termination, truncation, info = env.last()
@@ -144,6 +172,7 @@ def play_random_episode(env: Any, rng: np.random.Generator, seed: int) -> tuple[
         )
         _check_infos(env, agent, turn)
         action = env.action_space(agent).sample()
+        actors[turn] = agent
         env.step(action)
         turn += 1
         n_actions += 1
@@ -155,6 +184,7 @@ def play_random_episode(env: Any, rng: np.random.Generator, seed: int) -> tuple[
     )
     team = {i["team_reward"] for i in final_info.values()}
     assert len(team) == 1, f"agents disagree on team_reward: {team}"
+    _check_role_rewards(raw, final_info, actors)
     (r,) = team
     c = raw.invalid_action_penalty
     for a, ret in returns.items():
@@ -201,6 +231,11 @@ def play_golden_episode(env_fn: Callable[..., Any], g: GoldenEpisode) -> str:
         )
         assert info["success"] == g.success, f"[{g.name}] success {info['success']}, expected {g.success}"
         assert info["turn"] == len(g.actions), f"[{g.name}] {info['turn']} turns, expected {len(g.actions)}"
+    # the k-th action is turn k (env notes share the turn of the action they follow)
+    _check_role_rewards(env.unwrapped, ended, dict(enumerate(actors)))
+    got = next(iter(ended.values()))["role_rewards"]
+    if g.role_rewards is not None:
+        assert got == g.role_rewards, f"[{g.name}] role_rewards {got}, expected {g.role_rewards}"
     return env.unwrapped.state()
 
 

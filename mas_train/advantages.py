@@ -1,7 +1,8 @@
 r"""Advantages for multi-agent GRPO: global (GRPO) and per-agent (Dr. MAS) normalisation.
 
 Pure, vectorised numpy; no trainer state. One *sample* is one agent turn; its score is
-``s = R - c * invalid`` (R the team reward of its trajectory, c the invalid-action penalty). Samples are
+``s = R - c * invalid`` (R the team reward of its trajectory, c the invalid-action penalty), or with per-agent
+reward weights ``s = w_team R + w_role role_reward - c * invalid`` (:mod:`mas_train.scoring`). Samples are
 grouped into *task groups* (the G trajectories sampled for one task), trajectories and agents.
 
 Notation for one task group (Dr. MAS, arXiv 2602.08847):
@@ -27,7 +28,16 @@ there is no learning signal, and it is never inflated by ``1/ε``. Those samples
 their fraction is reported per agent.
 
 ``scope="group"`` (default) computes the statistics per task group, as the reference code does;
-``scope="batch"`` pools every task group of the batch (one μ/σ over all trajectories, one μ_k/σ_k per agent).
+``scope="batch"`` pools every task group of the batch (one μ/σ over all trajectories, one μ_k/σ_k per agent);
+``scope="turn"`` (AT-GRPO's turn-wise grouping, PettingLLMs) takes the per-agent statistics per
+(task group, agent, turn position p), p being the 0-based index of the turn among agent k's turns in its
+trajectory: :math:`\mu_{k,p}, \sigma_{k,p}` over the n_{k,p} turns of k at position p in the group. A cell with
+fewer than ``min_turn_samples`` turns (a position only some trajectories reach, e.g. a retry after a rejection)
+falls back to the agent's task-group statistics :math:`\mu_k, \sigma_k` (eq. 5) instead of giving its turns no
+signal; the global μ, σ stay per task group. Each turn's advantage uses only its own score minus one baseline
+that depends on (task group, agent, position), never a sum over later turns, so the stopping-time bias of
+verl #7244 (a baseline whose number of terms is set by the trajectory's own length) cannot arise
+(docs/advantages.md, "Turn scope").
 
 Differences from the reference code (``verl/trainer/ppo/core_algos.py::compute_grpo_outcome_advantage``):
 
@@ -54,6 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "DEFAULT_MIN_TURN_SAMPLES",
     "MODES",
     "SCOPES",
     "AdvantageResult",
@@ -66,7 +77,9 @@ __all__ = [
 ]
 
 MODES = ("drmas", "grpo", "agent_mean", "agent_std")
-SCOPES = ("group", "batch")
+SCOPES = ("group", "batch", "turn")
+#: turn-scope cells with fewer turns than this use the agent's task-group statistics (docs/advantages.md)
+DEFAULT_MIN_TURN_SAMPLES = 2
 
 # A std below this (relative to the magnitude of the mean) is rounding noise of equal values, i.e. zero.
 _ZERO_STD_RTOL = 1e-12
@@ -97,11 +110,21 @@ class AdvantageResult:
         advantages: ``(N,)`` float64, one per sample, in input order.
         zero_std: ``(N,)`` bool, True where the std the mode divides by was 0 (the advantage is then 0).
         per_agent: stats per agent id (as ``str``), in order of first appearance.
+        stat_group: ``(N,)`` int64 codes 0..K-1, the statistics cell of each sample: for ``drmas``,
+            ``agent_mean`` and ``agent_std`` the cell its per-agent μ_k / σ_k are taken over ((task group,
+            agent), (agent) for ``scope="batch"``, (task group, agent, position) or its fallback for
+            ``scope="turn"``; the turns of a group's too-small cells of one agent share one fallback cell, whose
+            statistics are those of all the agent's turns in the group); for ``grpo``, which has no per-agent
+            statistics, its task group (0 for the batch).
+        turn_fallback: ``(N,)`` bool, True where a ``scope="turn"`` cell was too small and the sample used its
+            agent's task-group statistics instead (all False for the other scopes).
     """
 
     advantages: np.ndarray
     zero_std: np.ndarray
     per_agent: dict[str, AgentAdvantageStats]
+    stat_group: np.ndarray
+    turn_fallback: np.ndarray
 
     def metrics(self, prefix: str = "advantages") -> dict[str, float]:
         """Flat, log-ready metrics: ``<prefix>/{mean,std,count,zero_std_frac}/<agent>``."""
@@ -123,27 +146,44 @@ def compute_advantages(
     mode: str = "drmas",
     eps: float = 1e-6,
     scope: str = "group",
+    turn_ids: Sequence[int] | np.ndarray | None = None,
+    min_turn_samples: int = DEFAULT_MIN_TURN_SAMPLES,
 ) -> np.ndarray:
     """One advantage per sample (see the module docstring for the formulas).
 
     Args:
-        scores: ``(N,)`` per-sample scores ``s = R - c * invalid`` (finite floats).
+        scores: ``(N,)`` per-sample scores ``s = w_team R + w_role role_reward - c * invalid`` (finite floats).
         group_ids: ``(N,)`` task-group id of each sample (e.g. the task uid).
         traj_ids: ``(N,)`` trajectory id of each sample; only needs to be unique within its task group.
         agent_ids: ``(N,)`` agent of each sample.
         mode: ``"drmas"`` (eq. 5), ``"grpo"`` (eq. 2), ``"agent_mean"`` (μ_k, σ) or ``"agent_std"`` (μ, σ_k).
         eps: ε added to the std (>= 0).
-        scope: ``"group"`` (statistics per task group) or ``"batch"`` (pooled over the batch).
+        scope: ``"group"`` (statistics per task group), ``"batch"`` (pooled over the batch) or ``"turn"``
+            (per-agent statistics per task group, agent and turn position; not with ``mode="grpo"``).
+        turn_ids: ``(N,)`` int, the turn index of each sample within its trajectory (``Sample.turn``); only
+            their order within a (trajectory, agent) matters. Required for ``scope="turn"``, ignored otherwise.
+        min_turn_samples: ``scope="turn"``: a (task group, agent, position) cell with fewer turns uses the
+            agent's task-group statistics (>= 1; 1 never falls back).
 
     Returns:
         ``(N,)`` float64 advantages, in input order.
 
     Raises:
-        ValueError: unknown mode or scope, negative/non-finite eps, inputs of different lengths or not 1-D, or
-            NaN/inf scores (the message gives their count and first indices).
+        ValueError: unknown mode or scope, ``grpo`` with ``scope="turn"``, negative/non-finite eps, inputs of
+            different lengths or not 1-D, NaN/inf scores (the message gives their count and first indices),
+            missing or repeated turn ids (one agent twice at one turn of a trajectory) for ``scope="turn"``,
+            ``min_turn_samples < 1``.
     """
     return compute_advantages_with_stats(
-        scores, group_ids, traj_ids, agent_ids, mode=mode, eps=eps, scope=scope
+        scores,
+        group_ids,
+        traj_ids,
+        agent_ids,
+        mode=mode,
+        eps=eps,
+        scope=scope,
+        turn_ids=turn_ids,
+        min_turn_samples=min_turn_samples,
     ).advantages
 
 
@@ -156,8 +196,10 @@ def compute_advantages_with_stats(
     mode: str = "drmas",
     eps: float = 1e-6,
     scope: str = "group",
+    turn_ids: Sequence[int] | np.ndarray | None = None,
+    min_turn_samples: int = DEFAULT_MIN_TURN_SAMPLES,
 ) -> AdvantageResult:
-    """:func:`compute_advantages` plus the zero-std mask and per-agent statistics to log.
+    """:func:`compute_advantages` plus the zero-std mask, the statistics cells and per-agent statistics to log.
 
     Same arguments and errors as :func:`compute_advantages`.
     """
@@ -165,8 +207,17 @@ def compute_advantages_with_stats(
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
+    if scope == "turn" and mode == "grpo":
+        raise ValueError(
+            "scope='turn' groups the per-agent statistics by turn position, and mode='grpo' has none (one "
+            "trajectory score per task group); use mode='drmas' (or agent_mean/agent_std), or scope='group'"
+        )
     if not np.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    if isinstance(min_turn_samples, bool) or not isinstance(min_turn_samples, (int, np.integer)):
+        raise ValueError(f"min_turn_samples must be an int >= 1, got {min_turn_samples!r}")
+    if min_turn_samples < 1:
+        raise ValueError(f"min_turn_samples must be an int >= 1, got {min_turn_samples!r}")
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim != 1:
         raise ValueError(f"scores must be 1-D (one per sample), got shape {s.shape}")
@@ -177,13 +228,15 @@ def compute_advantages_with_stats(
             f"scores contain {bad.size} NaN/inf value(s), first at indices {bad[:5].tolist()}: "
             f"{s[bad[:5]].tolist()}; check the reward function and the invalid-action penalty"
         )
-    g = _factorize(group_ids, "group_ids", n) if scope == "group" else np.zeros(n, dtype=np.int64)
+    task_group = _factorize(group_ids, "group_ids", n)
+    g = np.zeros(n, dtype=np.int64) if scope == "batch" else task_group
     # trajectories are keyed by (task group, traj id) so ids may repeat across groups
-    t = _combine(_factorize(group_ids, "group_ids", n), _factorize(traj_ids, "traj_ids", n))
+    t = _combine(task_group, _factorize(traj_ids, "traj_ids", n))
     a_codes, agent_names = _factorize_named(agent_ids, "agent_ids", n)
-    ga = _combine(g, a_codes)
+    position = _turn_positions(turn_ids, t, a_codes, n) if scope == "turn" else None
     if n == 0:
-        return AdvantageResult(np.zeros(0), np.zeros(0, dtype=bool), {})
+        empty = np.zeros(0, dtype=np.int64)
+        return AdvantageResult(np.zeros(0), np.zeros(0, dtype=bool), {}, empty, np.zeros(0, dtype=bool))
 
     # trajectory scores r_i and the task group of each trajectory
     n_traj = int(t.max()) + 1
@@ -191,18 +244,31 @@ def compute_advantages_with_stats(
     traj_group = np.zeros(n_traj, dtype=np.int64)
     traj_group[t] = g
     mu_g, sigma_g = _mean_std(r, traj_group)  # eq. 2, over trajectories
+    ga = _combine(g, a_codes)
     mu_ga, sigma_ga = _mean_std(s, ga)  # eq. 5, over agent turns
+    fallback = np.zeros(n, dtype=bool)
+    cell = ga
+    mu_k, sigma_k = mu_ga[ga], sigma_ga[ga]
+    if position is not None:
+        # AT-GRPO's cells (task group, agent, position); a cell below min_turn_samples keeps eq. 5's (group,
+        # agent) statistics over all of the agent's turns in the group
+        gap = _combine(ga, position)
+        mu_p, sigma_p = _mean_std(s, gap)
+        fallback = np.bincount(gap)[gap] < min_turn_samples
+        mu_k = np.where(fallback, mu_k, mu_p[gap])
+        sigma_k = np.where(fallback, sigma_k, sigma_p[gap])
+        cell = _combine(ga, np.where(fallback, 0, position + 1))  # 0: the agent's fallback cell
 
     if mode == "grpo":
         num, sigma = r[t] - mu_g[g], sigma_g[g]
     elif mode == "drmas":
-        num, sigma = s - mu_ga[ga], sigma_ga[ga]
+        num, sigma = s - mu_k, sigma_k
     elif mode == "agent_mean":
-        num, sigma = s - mu_ga[ga], sigma_g[g]
+        num, sigma = s - mu_k, sigma_g[g]
     else:  # agent_std
-        num, sigma = s - mu_g[g], sigma_ga[ga]
+        num, sigma = s - mu_g[g], sigma_k
     zero_std = sigma == 0.0
-    adv = np.where(zero_std, 0.0, num / (sigma + eps))
+    adv = np.where(zero_std, 0.0, num / np.where(zero_std, 1.0, sigma + eps))
 
     per_agent: dict[str, AgentAdvantageStats] = {}
     for code, name in enumerate(agent_names):
@@ -213,7 +279,51 @@ def compute_advantages_with_stats(
             std=float(adv[mask].std()),
             zero_std_frac=float(zero_std[mask].mean()),
         )
-    return AdvantageResult(advantages=adv, zero_std=zero_std, per_agent=per_agent)
+    stat_group = g if mode == "grpo" else cell
+    return AdvantageResult(
+        advantages=adv,
+        zero_std=zero_std,
+        per_agent=per_agent,
+        stat_group=stat_group.astype(np.int64),
+        turn_fallback=fallback,
+    )
+
+
+def _turn_positions(
+    turn_ids: Sequence[int] | np.ndarray | None, t: np.ndarray, a: np.ndarray, n: int
+) -> np.ndarray:
+    """0-based position of each sample among its agent's samples in its trajectory, in turn order.
+
+    Raises:
+        ValueError: no turn ids, a wrong length, non-integers, or one agent twice at one turn of a trajectory
+            (a trajectory split or counted twice).
+    """
+    if turn_ids is None:
+        raise ValueError("scope='turn' needs turn_ids: the turn index of each sample in its trajectory")
+    turns = np.asarray(turn_ids)
+    if turns.ndim != 1 or turns.shape[0] != n:
+        raise ValueError(f"turn_ids has shape {turns.shape} but scores has {n} entries; give one per sample")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.issubdtype(turns.dtype, np.integer):
+        raise ValueError(f"turn_ids must be integers (Sample.turn), got dtype {turns.dtype}")
+    ta = _combine(t, a)
+    order = np.lexsort((turns, ta))  # by (trajectory, agent), then turn
+    sorted_ta, sorted_turn = ta[order], turns[order]
+    same = sorted_ta[1:] == sorted_ta[:-1]
+    dup = same & (sorted_turn[1:] == sorted_turn[:-1])
+    if dup.any():
+        i = int(order[1:][dup][0])
+        raise ValueError(
+            f"sample {i} repeats turn {int(turns[i])} of its agent in its trajectory: each (trajectory, agent, "
+            "turn) must be one sample (a trajectory split into parts must keep one traj id and distinct turns)"
+        )
+    # position = index within its (trajectory, agent) run of the sorted order
+    start = np.concatenate(([True], ~same))
+    run_start = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n) - run_start
+    return position
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ def rollout_metrics(batch: Any, penalty: float) -> dict[str, float]:
     per-turn score ``s = R - c*invalid``; ``charts/invalid_rate`` is the fraction of turns judged malformed;
     ``charts/turns/<agent>`` is the mean number of that agent's turns per trajectory; ``charts/tokens/<agent>``
     the mean completion length of its turns; ``charts/truncated_rate/<agent>`` the fraction of its turns that hit
-    ``max_new_tokens``; ``charts/prompt_tokens/<agent>`` its mean prompt length; ``env/<name>`` see
+    ``max_new_tokens``; ``charts/prompt_tokens/<agent>`` its mean prompt length; ``charts/role_reward/<agent>`` the mean role score of
+    its turns that have one (envs with role rewards, whatever the reward weights); ``env/<name>`` see
     :func:`env_metrics`.
     """
     trajs, samples = batch.trajectories, batch.samples
@@ -105,6 +106,9 @@ def rollout_metrics(batch: Any, penalty: float) -> dict[str, float]:
             m[f"charts/tokens/{a}"] = float(np.mean([len(s.completion_ids) for s in mine]))
             m[f"charts/prompt_tokens/{a}"] = float(np.mean([len(s.prompt_ids) for s in mine]))
             m[f"charts/truncated_rate/{a}"] = float(np.mean([s.finish_reason == "length" for s in mine]))
+            role = [s.role_reward for s in mine if s.role_reward is not None]
+            if role:
+                m[f"charts/role_reward/{a}"] = float(np.mean(role))
     m.update(env_metrics([t.metrics for t in trajs]))
     return m
 

@@ -60,6 +60,8 @@ class Sample:
         weight_version: the backend weight version that produced the completion.
         finish_reason: ``"stop"`` or ``"length"``.
         data_source: the task's ``data_source`` (for per-source avg@k/pass@k).
+        role_reward: the env's role score of this turn (``infos[agent]["role_rewards"][turn]`` at the episode's
+            end, ``Outcome.role_rewards``), ``None`` when the env gives the turn none.
     """
 
     task_uid: str
@@ -76,10 +78,22 @@ class Sample:
     weight_version: int
     finish_reason: str
     data_source: str
+    role_reward: float | None = None
 
-    def score(self, invalid_action_penalty: float) -> float:
-        """The turn's score ``s = R - c * invalid`` (docs/design.md §1, as the Dr. MAS reference scores turns)."""
-        return self.team_reward - invalid_action_penalty * float(self.invalid)
+    def score(
+        self, invalid_action_penalty: float, team_weight: float = 1.0, role_weight: float = 0.0
+    ) -> float:
+        """The turn's score ``s = w_team * R + w_role * role_reward - c * invalid`` (docs/design.md §1).
+
+        With the default weights (team 1, role 0) it is ``R - c * invalid`` bit for bit, as the Dr. MAS
+        reference scores turns: ``1.0 * R`` is exact and a zero role weight adds nothing, so the role score is
+        not even read (a role score where the weight is 0 changes nothing). A turn without a role score counts
+        0 for the role term.
+        """
+        s = self.team_reward if team_weight == 1.0 else team_weight * self.team_reward
+        if role_weight != 0.0:
+            s = s + role_weight * (0.0 if self.role_reward is None else self.role_reward)
+        return s - invalid_action_penalty * float(self.invalid)
 
 
 @dataclass(frozen=True)
@@ -129,6 +143,7 @@ class _Episode:
         self.team_reward = 0.0
         self.success = False
         self.metrics: dict[str, float] = {}
+        self.role_rewards: dict[int, float] = {}
 
     def step(self, agent: str, action: str, turn: _Turn | None, messages: Any = None, at: int = 0) -> None:
         """Apply ``agent``'s action; record ``turn`` (``None`` for a skipped turn) and what was said (the
@@ -150,6 +165,7 @@ class _Episode:
             self.success = bool(end_info.get("success", False))
             self.metrics = {str(k): float(v) for k, v in end_info.get("episode_metrics", {}).items()}
             self.transcript = list(getattr(getattr(env, "unwrapped", env), "transcript", None) or ())
+            self.role_rewards = {int(k): float(v) for k, v in end_info.get("role_rewards", {}).items()}
             while env.agents:
                 env.step(None)  # PettingZoo dead steps
             self.live = False
@@ -180,6 +196,7 @@ class _Episode:
                 weight_version=int(t.output.weight_version),
                 finish_reason=str(t.output.finish_reason),
                 data_source=self.data_source,
+                role_reward=self.role_rewards.get(t.turn),
             )
             for t in self.turns
         ]

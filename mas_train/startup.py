@@ -31,6 +31,7 @@ __all__ = [
     "check_api_keys",
     "check_models",
     "group_source",
+    "check_reward_weights",
     "load_task_rows",
     "make_env_factory",
     "prepare",
@@ -142,6 +143,24 @@ def make_env_factory(cfg: Any) -> Callable[[], Any]:
         return mas_envs.make(env_id, **kwargs)
 
     return env_factory
+
+
+def check_reward_weights(resolved: Any, probe: Any) -> None:
+    """Refuse a role weight for an agent the env gives no role score (it could never be honoured).
+
+    Raises:
+        ConfigError: one line naming the agent, the env's role-scored agents and what to do.
+    """
+    env = probe.unwrapped
+    scored = tuple(getattr(type(env), "role_reward_agents", ()))
+    for name, agent in resolved.agents.items():
+        if agent.reward_weights.role != 0.0 and name not in scored:
+            gives = f"gives role scores to {', '.join(scored)} only" if scored else "gives no role scores"
+            raise ConfigError(
+                f"agents.{name}.reward_weights.role is {agent.reward_weights.role:g}, but env "
+                f"{resolved.config.env!r} {gives}; set agents.{name}.reward_weights.role: 0 or use an env that "
+                "scores this agent by role (docs/envs.md 'Role rewards')"
+            )
 
 
 def probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
@@ -265,6 +284,7 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
     resolved = cfg.resolve(list(probe.possible_agents))
     check_api_keys(resolved)
     check_models(resolved)
+    check_reward_weights(resolved, probe)
     train = load_task_rows(
         f"train_data {cfg.train_data!r}" if cfg.train_data else "the env's training tasks",
         lambda: T.train_tasks(cfg, probe),

@@ -6,7 +6,8 @@ model loading, the loop of :meth:`MultiGroupTrainer.fit`, the summary. One step
 
 1. the next ``tasks_per_step`` tasks, ``num_generations`` (G) episodes of each, collected in lock-step
    (:class:`~mas_train.rollout.RolloutCollector`);
-2. each turn's score ``s = R − c·invalid`` and its advantage (:func:`~mas_train.advantages.compute_advantages`,
+2. each turn's score ``s = w_team·R + w_role·role_reward − c·invalid`` (the agent's ``reward_weights``; by
+   default team 1, role 0: ``s = R − c·invalid``) and its advantage (:func:`~mas_train.advantages.compute_advantages`,
    Dr. MAS eq. 5 by default), computed over the whole batch before it is split by model group;
 3. per model group: its samples and advantages to its worker's GRPO update
    (:meth:`~mas_train.hosting.worker.ModelGroupWorker.update`), then the weight sync to its generation backend;
@@ -46,6 +47,7 @@ from mas_train.hosting.protocols import WorkerPool
 from mas_train.metrics import rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock, print_banner, print_summary
 from mas_train.rollout import RolloutCollector
+from mas_train.scoring import turn_scores
 from mas_train.startup import evaluation_on, make_env_factory, prepare, record_config
 from mas_train.tasks import TaskSampler, eval_tasks
 from mas_train.tasks import train_tasks as default_train_tasks
@@ -148,14 +150,20 @@ class MultiGroupTrainer:
         metrics = rollout_metrics(batch, self.penalty)
         adv = np.zeros(0)
         if samples:
+            weights = {a: ra.reward_weights for a, ra in self.resolved.agents.items()}
             columns = (
-                [s.score(self.penalty) for s in samples],
+                turn_scores(samples, self.penalty, weights),
                 [s.task_uid for s in samples],
                 [s.traj_uid for s in samples],
                 [s.agent for s in samples],
             )
             res = compute_advantages_with_stats(
-                *columns, mode=cfg.advantage_mode, eps=cfg.advantage_eps, scope=cfg.advantage_scope
+                *columns,
+                mode=cfg.advantage_mode,
+                eps=cfg.advantage_eps,
+                scope=cfg.advantage_scope,
+                turn_ids=[s.turn for s in samples],
+                min_turn_samples=cfg.advantage_turn_min_samples,
             )
             adv = res.advantages
             metrics.update(res.metrics(prefix="charts/advantage"))

@@ -65,6 +65,7 @@ from mas_train.config.sections import (
     EvalSamplingConfig,
     LoraConfig,
     ModelGroupConfig,
+    RewardWeights,
     SamplingConfig,
 )
 from mas_train.config.train import TrainConfig
@@ -88,6 +89,7 @@ __all__ = [
     "EvalConfig",
     "EvalGroupConfig",
     "LoraConfig",
+    "RewardWeights",
     "ModelGroupConfig",
     "ResolvedAgent",
     "ResolvedConfig",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from mas_train.backends import backend_kind
 from mas_train.backends.base import SamplingParams
 from mas_train.config.common import GROUP_NAME_RE, OPTIM_FIELDS, ConfigError, close_matches
 from mas_train.config.omega import build
-from mas_train.config.sections import AgentConfig, LoraConfig, ModelGroupConfig, SamplingConfig
+from mas_train.config.sections import AgentConfig, LoraConfig, ModelGroupConfig, RewardWeights, SamplingConfig
 
 __all__ = ["ResolvedAgent", "ResolvedConfig", "ResolvedModelGroup", "backend_options", "resolve"]
 
@@ -30,6 +30,7 @@ class ResolvedAgent:
     name: str
     model_group: str
     sampling: SamplingConfig
+    reward_weights: RewardWeights = field(default_factory=RewardWeights)
 
     def sampling_params(self, stop: Sequence[str] = (), *, seed: int | None = None) -> SamplingParams:
         """Backend request for one training turn of this agent (``stop``: the env's stop strings for it).
@@ -351,6 +352,7 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             name=a,
             model_group=mapping[a],
             sampling=agent_cfg[a].sampling or cfg.sampling,
+            reward_weights=agent_cfg[a].reward_weights or RewardWeights(),
         )
         for a in agent_names
     }

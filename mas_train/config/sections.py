@@ -5,6 +5,7 @@ Fields left ``None`` inherit: agent -> model group -> top level (:class:`~mas_tr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,37 @@ from mas_train.config.common import (
 from mas_train.config.common import help_field as _help
 from mas_train.config.grpo import check_grpo
 
-__all__ = ["AgentConfig", "EvalSamplingConfig", "LoraConfig", "ModelGroupConfig", "SamplingConfig"]
+__all__ = [
+    "AgentConfig",
+    "EvalSamplingConfig",
+    "LoraConfig",
+    "ModelGroupConfig",
+    "RewardWeights",
+    "SamplingConfig",
+]
+
+
+@dataclass
+class RewardWeights:
+    """How an agent's turn is scored: ``s = team * R + role * role_reward - c * invalid``.
+
+    ``R`` is the episode's team reward, ``role_reward`` the env's role score of the turn (``Outcome.role_rewards``;
+    0 for a turn it does not score) and ``c`` the invalid-action penalty. The default (team 1, role 0) is the
+    paper's team reward, and then the score is bit-identical to ``R - c * invalid``.
+    """
+
+    team: float = _help("Weight of the team reward R in the agent's turn scores.", default=1.0)
+    role: float = _help(
+        "Weight of the env's role score of the turn (docs/envs.md 'Role rewards'); 0 = team reward only.",
+        default=0.0,
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("team", "role"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"reward_weights.{name} must be a finite number >= 0, got {v!r}")
+            setattr(self, name, float(v))
 
 
 @dataclass
@@ -233,6 +264,11 @@ class AgentConfig:
     warmup_steps: float | None = _help("Warmup override (must agree within a model group).", default=None)
     lr_scheduler_type: str | None = _help(
         "Scheduler override (must agree within a model group).", default=None
+    )
+    reward_weights: RewardWeights | None = _help(
+        "Score of this agent's turns: team * R + role * role_reward - c * invalid. None = {team: 1, role: 0} "
+        "(the team reward only). A role weight needs an env that scores this agent by role.",
+        default=None,
     )
 
     def __post_init__(self) -> None:

@@ -160,8 +160,14 @@ class TrainConfig:
         default="drmas",
     )
     advantage_scope: str = _help(
-        "Statistics per task group ('group', as the reference code) or over the whole batch ('batch').",
+        "Statistics per task group ('group', as the reference code), over the whole batch ('batch'), or the "
+        "per-agent ones per task group, agent and turn position ('turn', AT-GRPO; not with advantage_mode grpo).",
         default="group",
+    )
+    advantage_turn_min_samples: int = _help(
+        "advantage_scope turn: a (task group, agent, turn position) cell with fewer turns uses the agent's "
+        "task-group statistics instead (docs/advantages.md 'Turn scope'); 1 = never.",
+        default=2,
     )
     advantage_eps: float = _help("epsilon in A = (s - mu)/(sigma + epsilon).", default=1e-6)
     sampling: SamplingConfig = _help(
@@ -233,6 +239,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_choice("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
         check_choice("advantage_scope", self.advantage_scope, ADVANTAGE_SCOPES)
+        if self.advantage_scope == "turn" and self.advantage_mode == "grpo":
+            raise ConfigError(
+                "advantage_scope: turn groups the per-agent statistics by turn position, and advantage_mode: grpo "
+                "has none; use advantage_mode drmas (or agent_mean / agent_std), or advantage_scope group"
+            )
+        check_min("advantage_turn_min_samples", self.advantage_turn_min_samples, 1)
         check_choice("backend", self.backend, BACKENDS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("pool", self.pool, POOLS)

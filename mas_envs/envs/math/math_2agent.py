@@ -31,6 +31,17 @@ Reported at the end in `infos[agent]["episode_metrics"]` (logged as `env/<name>`
 | `verifier_approve_rate` | fraction of the valid verdicts that approve. Absent with no valid verdict |
 | `rejection_fixed` | only in episodes where the verifier rejected a wrong attempt: 1 if the final answer is correct, else 0 (its mean is how often a rightful rejection led to a corrected answer) |
 
+## Role rewards
+`Outcome.role_rewards` (docs/envs.md "Role rewards") scores every turn of both agents by its role, whatever
+the team reward:
+
+| agent | role score of a turn |
+|---|---|
+| `solver` | 1 if that attempt is correct (graded like the final answer), else 0 — also for an attempt the verifier approved or rejected, not only the last one |
+| `verifier` | 1 if its verdict was right (approve of a correct attempt, reject of a wrong one), else 0; a reply with no verdict tag scores 0 |
+
+They change nothing unless a trainer weighs them in (`agents.<agent>.reward_weights` in mas-train).
+
 ## Prompt styles
 `prompt_style="paper"` (default): the system line names the agent's role; one user turn holds the problem,
 the whole team history (every attempt and review) and the role's instructions. Right for Qwen3-4B-scale
@@ -114,6 +125,7 @@ class MathTwoAgentEnv(TextAECEnv):
         ),
     }
     default_tasks = "gsm8k-train"
+    role_reward_agents = ("solver", "verifier")
 
     def __init__(
         self,
@@ -197,7 +209,26 @@ class MathTwoAgentEnv(TextAECEnv):
             )
         if any(v == "reject" and not ok for v, ok in self.verdicts):
             metrics["rejection_fixed"] = 1.0 if correct else 0.0
-        return Outcome(team_reward=1.0 if correct else 0.0, success=bool(correct), metrics=metrics)
+        return Outcome(
+            team_reward=1.0 if correct else 0.0,
+            success=bool(correct),
+            metrics=metrics,
+            role_rewards=self._role_rewards(),
+        )
+
+    def _role_rewards(self) -> dict[int, float]:
+        """Turn -> role score (module docstring, "Role rewards"); a turn's index is its place in the history."""
+        out: dict[int, float] = {}
+        attempt = -1
+        for turn, (who, text) in enumerate(self.history):
+            if who == "solver":
+                attempt += 1
+                out[turn] = 1.0 if self._attempt_correct(attempt) else 0.0
+            else:
+                verdict = parse_verdict(text)
+                right = verdict is not None and (verdict == "approve") == self._attempt_correct(attempt)
+                out[turn] = 1.0 if right else 0.0
+        return out
 
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:
@@ -210,17 +241,66 @@ class MathTwoAgentEnv(TextAECEnv):
         )
         s, v = "solver", "verifier"
         return [
-            GoldenEpisode("right, approve", task, (right, approve), (s, v), {s: 1.0, v: 1.0}, 1.0, True),
             GoldenEpisode(
-                "wrong, reject, right", task, (wrong, reject, right), (s, v, s), {s: 1.0, v: 1.0}, 1.0, True
+                "right, approve",
+                task,
+                (right, approve),
+                (s, v),
+                {s: 1.0, v: 1.0},
+                1.0,
+                True,
+                role_rewards={0: 1.0, 1: 1.0},
             ),
             GoldenEpisode(
-                "no box, approve", task, ("It is 18.", approve), (s, v), {s: -0.1, v: 0.0}, 0.0, False
+                "wrong, reject, right",
+                task,
+                (wrong, reject, right),
+                (s, v, s),
+                {s: 1.0, v: 1.0},
+                1.0,
+                True,
+                role_rewards={0: 0.0, 1: 1.0, 2: 1.0},
             ),
             GoldenEpisode(
-                "wrong, reject, wrong", task, (wrong, reject, wrong), (s, v, s), {s: 0.0, v: 0.0}, 0.0, False
+                "right, reject (a wrong verdict), right",
+                task,
+                (right, reject, right),
+                (s, v, s),
+                {s: 1.0, v: 1.0},
+                1.0,
+                True,
+                role_rewards={0: 1.0, 1: 0.0, 2: 1.0},
             ),
-            GoldenEpisode("wrong, approve", task, (wrong, approve), (s, v), {s: 0.0, v: 0.0}, 0.0, False),
+            GoldenEpisode(
+                "no box, approve",
+                task,
+                ("It is 18.", approve),
+                (s, v),
+                {s: -0.1, v: 0.0},
+                0.0,
+                False,
+                role_rewards={0: 0.0, 1: 0.0},
+            ),
+            GoldenEpisode(
+                "wrong, reject, wrong",
+                task,
+                (wrong, reject, wrong),
+                (s, v, s),
+                {s: 0.0, v: 0.0},
+                0.0,
+                False,
+                role_rewards={0: 0.0, 1: 1.0, 2: 0.0},
+            ),
+            GoldenEpisode(
+                "wrong, approve",
+                task,
+                (wrong, approve),
+                (s, v),
+                {s: 0.0, v: 0.0},
+                0.0,
+                False,
+                role_rewards={0: 0.0, 1: 0.0},
+            ),
             GoldenEpisode(
                 "right, no verdict (routed as reject), right",
                 task,
@@ -229,6 +309,7 @@ class MathTwoAgentEnv(TextAECEnv):
                 {s: 1.0, v: 0.9},
                 1.0,
                 True,
+                role_rewards={0: 1.0, 1: 0.0, 2: 1.0},
             ),
             GoldenEpisode(
                 "right, no verdict routed as approve (reference behaviour)",
@@ -239,9 +320,18 @@ class MathTwoAgentEnv(TextAECEnv):
                 1.0,
                 True,
                 env_kwargs={"missing_verdict": "approve"},
+                role_rewards={0: 1.0, 1: 0.0},
             ),
             GoldenEpisode(
-                "one loop: wrong", task, (wrong,), (s,), {s: 0.0, v: 0.0}, 0.0, False, {"max_loops": 1}
+                "one loop: wrong",
+                task,
+                (wrong,),
+                (s,),
+                {s: 0.0, v: 0.0},
+                0.0,
+                False,
+                {"max_loops": 1},
+                role_rewards={0: 0.0},
             ),
         ]
 

@@ -1,0 +1,36 @@
+"""Per-turn scores the advantages are computed from: the team reward, the agent's role score, the penalty.
+
+A turn of agent k is scored ``s = w_team(k) * R + w_role(k) * role_reward - c * invalid`` (issue 24; MarsRL
+rewards its verifier on whether its verdict is right, AT-GRPO mixes a global and a local reward the same way).
+``R`` is the episode's team reward, ``role_reward`` the env's role score of the turn (``Outcome.role_rewards``;
+0 where the env gives the turn none), ``c`` the env's invalid-action penalty, and the weights come from
+``agents.<agent>.reward_weights`` (default team 1, role 0: the paper's ``s = R - c * invalid``, bit for bit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["turn_scores"]
+
+
+def turn_scores(samples: Sequence[Any], penalty: float, weights: Mapping[str, Any]) -> list[float]:
+    """One score per sample, in order.
+
+    Args:
+        samples: :class:`~mas_train.rollout.Sample` objects (``agent``, ``team_reward``, ``role_reward``,
+            ``invalid``).
+        penalty: the invalid-action penalty c (>= 0).
+        weights: agent -> object with float ``team`` and ``role`` (:class:`~mas_train.config.RewardWeights`);
+            an agent left out gets team 1, role 0.
+
+    Returns:
+        ``list[float]`` of length ``len(samples)``. With default weights each entry equals
+        ``R - c * invalid`` exactly, and the role score is not read.
+    """
+    out = []
+    for s in samples:
+        w = weights.get(s.agent)
+        out.append(s.score(penalty) if w is None else s.score(penalty, w.team, w.role))
+    return out
