@@ -448,7 +448,7 @@ class TextAECEnv(AECEnv[str, str, str]):
         """The live episode's task row (`self.task`, never `None`).
 
         Raises:
-            RuntimeError: no episode has started (`reset` was not called, or it failed).
+            RuntimeError: `reset` has not been called yet.
         """
         if self.task is None:
             raise RuntimeError(f"{type(self).__name__} has no task yet: call reset() first")
