@@ -302,7 +302,8 @@ class TextAECEnv(AECEnv[str, str, str]):
         "render_modes": ["ansi"],
         "is_parallelizable": False,
     }
-    possible_agents: tuple[str, ...] = ()
+    # subclasses set a tuple; each instance holds its own list (PettingZoo's type)
+    possible_agents: Sequence[str] = ()
     stop_strings: ClassVar[dict[str, tuple[str, ...]]] = {}
     fuzz_fragments: ClassVar[dict[str, tuple[str, ...]]] = {}
     default_invalid_action_penalty: ClassVar[float] = 0.1
@@ -394,28 +395,30 @@ class TextAECEnv(AECEnv[str, str, str]):
             raise ValueError(
                 f"render_mode={render_mode!r} is not supported; use one of {self.metadata['render_modes']}"
             )
-        self.invalid_action_penalty = float(c)
-        self.max_turns = None if max_turns is None else int(max_turns)
-        self.render_mode = render_mode
+        self.invalid_action_penalty: float = float(c)
+        self.max_turns: int | None = None if max_turns is None else int(max_turns)
+        self.render_mode: str | None = render_mode
         self.stop_strings = {a: tuple(self.stop_strings.get(a, ())) for a in self.possible_agents}
-        self._task_source = tasks if tasks is not None else self.default_tasks
+        self._task_source: Sequence[Mapping[str, Any]] | str | None = (
+            tasks if tasks is not None else self.default_tasks
+        )
         # rows are copied at reset, so a caller's list can be shared by many envs without copying it here
         self._tasks: Sequence[Mapping[str, Any]] | None = (
             tasks if tasks is not None and not isinstance(tasks, str) else None
         )
-        self._observation_spaces = {a: UnicodeText() for a in self.possible_agents}
-        self._action_spaces = {
+        self._observation_spaces: dict[str, UnicodeText] = {a: UnicodeText() for a in self.possible_agents}
+        self._action_spaces: dict[str, UnicodeText] = {
             a: UnicodeText(fragments=self.fuzz_fragments.get(a, ()) + self.stop_strings.get(a, ()))
             for a in self.possible_agents
         }
-        self.np_random = np.random.default_rng()
+        self.np_random: np.random.Generator = np.random.default_rng()
         self.agents: list[str] = []
         self.task: dict[str, Any] | None = None
-        self.task_id = ""
-        self.turn = 0
+        self.task_id: str = ""
+        self.turn: int = 0
         self.transcript: list[TranscriptEntry] = []
         self.outcome: Outcome | None = None  # set when the episode ends
-        self.truncated = False
+        self.truncated: bool = False
 
     def observation_space(self, agent: str) -> UnicodeText:
         return self._observation_spaces[agent]
@@ -434,6 +437,17 @@ class TextAECEnv(AECEnv[str, str, str]):
                 )
             self._tasks = _load_shared(self._task_source)
         return self._tasks
+
+    @property
+    def current_task(self) -> dict[str, Any]:
+        """The live episode's task row (`self.task`, never `None`).
+
+        Raises:
+            RuntimeError: `reset` has not been called yet.
+        """
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__} has no task yet: call reset() first")
+        return self.task
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -465,7 +479,7 @@ class TextAECEnv(AECEnv[str, str, str]):
             i = options["task_index"]
             if not isinstance(i, numbers.Integral) or isinstance(i, bool):
                 raise TypeError(f'options["task_index"] must be an int, got {i!r}')
-            if not -len(self.tasks) <= i < len(self.tasks):
+            if not -len(self.tasks) <= int(i) < len(self.tasks):
                 raise IndexError(f"task_index {i} out of range for {len(self.tasks)} tasks")
             task = dict(self.tasks[int(i)])
         else:
@@ -488,7 +502,7 @@ class TextAECEnv(AECEnv[str, str, str]):
         self._cumulative_rewards = {a: 0.0 for a in self.agents}
         self.terminations = {a: False for a in self.agents}
         self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {"invalid_action": False} for a in self.agents}
+        self.infos: dict[str, dict[str, Any]] = {a: {"invalid_action": False} for a in self.agents}
         self._skip_agent_selection = None
         try:
             first = self.start_episode(task)
@@ -518,14 +532,13 @@ class TextAECEnv(AECEnv[str, str, str]):
             self._was_dead_step(action)
             return
         not_text = not isinstance(action, str)
-        if not_text:
-            action = ""
+        text = action if isinstance(action, str) else ""
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
-        transition = self.apply_action(agent, action)
+        transition = self.apply_action(agent, text)
         if not_text:
             transition = Transition(invalid=True, next_agent=transition.next_agent)
-        self.transcript.append(TranscriptEntry(self.turn, agent, action, transition.invalid))
+        self.transcript.append(TranscriptEntry(self.turn, agent, text, transition.invalid))
         self.infos[agent]["invalid_action"] = bool(transition.invalid)
         if transition.invalid:
             self.rewards[agent] -= self.invalid_action_penalty

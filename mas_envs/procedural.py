@@ -96,14 +96,15 @@ def _convert(name: str, key: str, raw: str, f: dataclasses.Field) -> Any:
         if isinstance(default, float):
             return float(raw)
         if isinstance(default, (list, tuple)) or origin in (list, tuple):
-            items = [x.strip() for x in raw.split(",") if x.strip()]
+            words = [x.strip() for x in raw.split(",") if x.strip()]
+            items: list[Any] = words
             sample = default[0] if default else None
             if isinstance(sample, bool):
-                items = [x.lower() in ("true", "1") for x in items]
+                items = [x.lower() in ("true", "1") for x in words]
             elif isinstance(sample, int):
-                items = [int(x) for x in items]
+                items = [int(x) for x in words]
             elif isinstance(sample, float):
-                items = [float(x) for x in items]
+                items = [float(x) for x in words]
             return tuple(items) if isinstance(default, tuple) else list(items)
         if default is None and raw.lstrip("-").isdigit():
             return int(raw)  # Optional[int] fields such as seed

@@ -204,7 +204,8 @@ def play_golden_episode(env_fn: Callable[..., Any], g: GoldenEpisode) -> str:
     env = env_fn(**g.env_kwargs)
     env.reset(seed=0, options={"task": g.task})
     returns = dict.fromkeys(env.agents, 0.0)
-    actors, actions = [], list(g.actions)
+    actors: list[str] = []
+    actions = list(g.actions)
     ended: dict[str, dict[str, Any]] = {}
     for agent in env.agent_iter(10_000):
         _, reward, termination, truncation, info = env.last()

@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +58,10 @@ class RunLogger:
             stale = [r for r in records if int(r.get("step", 0)) > resume_step]
             if stale:
                 self._pending = ([r for r in records if int(r.get("step", 0)) <= resume_step], stale)
-        self._jsonl = None
+        self._jsonl: IO[str] | None = None
         if self.jsonl_path is not None and self._pending is None:
             self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
-        self.tb_dir = None
+        self.tb_dir: Path | None = None
         self._tb = None
         if "tensorboard" in sinks:
             try:
@@ -92,8 +92,8 @@ class RunLogger:
 
             line = {"step": int(step), "time": time.time(), **clean, **dict(extra or {})}
             if self._pending is not None:
-                self._replace_stale(line)
-            else:
+                self._replace_stale(self.jsonl_path, self._pending, line)
+            elif self._jsonl is not None:
                 self._jsonl.write(json.dumps(line) + "\n")
                 self._jsonl.flush()
         if self._tb is not None:
@@ -114,17 +114,22 @@ class RunLogger:
             self._tb.add_text(tag, text, step)
             self._tb.flush()
 
-    def _replace_stale(self, line: dict[str, Any]) -> None:
-        kept, stale = self._pending
+    def _replace_stale(
+        self,
+        path: Path,
+        pending: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+        line: dict[str, Any],
+    ) -> None:
+        kept, stale = pending
         step = line["step"]
         kept.append(line)
         stale = [r for r in stale if int(r.get("step", 0)) > step]
-        _write_jsonl(self.jsonl_path, kept + stale)
+        _write_jsonl(path, kept + stale)
         if stale:
             self._pending = (kept, stale)
         else:  # every step of the earlier attempt is redone: back to plain appending
             self._pending = None
-            self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
+            self._jsonl = path.open("a", encoding="utf-8")
 
     def close(self) -> None:
         if self._jsonl is not None:

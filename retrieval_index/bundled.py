@@ -22,6 +22,7 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "bundled_corpus_path",
@@ -75,7 +76,8 @@ def _select(questions_src: Path, corpus_src: Path, num_questions: int) -> tuple[
         for line in fh:
             row = json.loads(line)
             by_key.setdefault((row["title"], row["text"]), row)
-    questions, corpus = [], {}
+    questions: list[dict[str, Any]] = []
+    corpus: dict[str, Any] = {}
     with open(questions_src, encoding="utf-8") as fh:
         for line in fh:
             if len(questions) == num_questions:

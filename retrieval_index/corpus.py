@@ -163,16 +163,21 @@ class DocumentStore:
         )
 
     def __len__(self) -> int:
-        return len(self._docs) if self._docs is not None else len(self._offsets)
+        if self._docs is not None:
+            return len(self._docs)
+        return len(self._offsets) if self._offsets is not None else 0
 
     def get(self, row: int, score: float | None = None) -> Passage:
         """The document at 0-based ``row`` as a :class:`Passage` carrying ``score``."""
         if self._docs is not None:
             doc_id, title, contents = self._docs[row]
         else:
-            start = int(self._offsets[row])
-            stop = int(self._offsets[row + 1]) if row + 1 < len(self._offsets) else self._size
-            rec = json.loads(os.pread(self._fd, stop - start, start))
+            offsets, fd = self._offsets, self._fd
+            if offsets is None or fd is None:
+                raise RuntimeError("this DocumentStore is closed (or was built with neither docs nor a file)")
+            start = int(offsets[row])
+            stop = int(offsets[row + 1]) if row + 1 < len(offsets) else self._size
+            rec = json.loads(os.pread(fd, stop - start, start))
             doc_id, title, contents = rec["id"], rec["title"], rec["contents"]
         return Passage(id=doc_id, title=title, contents=contents, score=score)
 

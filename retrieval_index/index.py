@@ -87,20 +87,20 @@ def build_faiss_index(
     n, dim = vectors.shape
     if n == 0:
         raise ValueError("cannot build an index over 0 vectors; the corpus is empty")
+    cells = nlist or max(1, min(n, int(4 * math.sqrt(n))))  # IVF only: the others need no training
 
     if index_type == "flat":
         index = faiss.IndexFlatIP(dim)
     elif index_type == "hnsw":
         index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
     else:
-        nlist = nlist or max(1, min(n, int(4 * math.sqrt(n))))
-        index = faiss.index_factory(dim, f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
+        index = faiss.index_factory(dim, f"IVF{cells},Flat", faiss.METRIC_INNER_PRODUCT)
     gpu = (use_gpu if use_gpu is not None else _gpu_available(faiss)) and index_type != "hnsw"
     if gpu:
         index = faiss.index_cpu_to_all_gpus(index)
     if not index.is_trained:
         # 256 points per cell is FAISS's own upper bound for k-means training.
-        sample = np.sort(np.random.default_rng(0).choice(n, size=min(n, 256 * nlist), replace=False))
+        sample = np.sort(np.random.default_rng(0).choice(n, size=min(n, 256 * cells), replace=False))
         index.train(rows_at(vectors, sample))
     for start in range(0, n, add_batch):
         index.add(rows_at(vectors, slice(start, min(n, start + add_batch))))

@@ -29,3 +29,10 @@ def test_ci_lints_with_the_readme_lint_command():
         x.split("#")[0].strip() for x in text.splitlines() if "ruff check" in x and "format --check" in x
     )
     assert lint in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_ci_type_checks_with_the_readme_mypy_command():
+    text = (ROOT / "README.md").read_text()
+    check = next(x.split("#")[0].strip() for x in text.splitlines() if x.startswith(".venv/bin/mypy "))
+    assert check == ".venv/bin/mypy mas_train mas_envs"
+    assert check in (ROOT / ".ci" / "run").read_text().splitlines()

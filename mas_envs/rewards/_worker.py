@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from typing import IO
 
 _START_TIMEOUT_S = 60.0
 # A request not answered by then may well time out: start its replacement now, while it still runs.
@@ -51,13 +52,17 @@ class _Worker:
             encoding="utf-8",
             errors="replace",
         )
+        # both are set: the process was opened with stdin=PIPE, stdout=PIPE
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin: IO[str] = self.proc.stdin
+        self.stdout: IO[str] = self.proc.stdout
         self.ready = False
 
     def _readline(self, timeout: float) -> str | None:
-        r, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
+        r, _, _ = select.select([self.stdout], [], [], max(timeout, 0.0))
         if not r:
             return None
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         return line or None
 
     def wait_ready(self) -> bool:
@@ -68,8 +73,8 @@ class _Worker:
     def ask(self, pred: str, golds: list[str], timeout: float) -> bool | None:
         """`True`/`False`, or `None` when the worker missed the deadline or died (then it is unusable)."""
         try:
-            self.proc.stdin.write(json.dumps({"pred": pred, "golds": golds}) + "\n")
-            self.proc.stdin.flush()
+            self.stdin.write(json.dumps({"pred": pred, "golds": golds}) + "\n")
+            self.stdin.flush()
             line = self._readline(min(timeout, _SPARE_AFTER_S))
             if line is None and timeout > _SPARE_AFTER_S and self.proc.poll() is None:
                 try:
@@ -90,7 +95,7 @@ class _Worker:
             self.proc.wait(timeout=5)
         except Exception:  # noqa: BLE001  (best effort: the process may already be gone)
             pass
-        for f in (self.proc.stdin, self.proc.stdout):
+        for f in (self.stdin, self.stdout):
             try:
                 f.close()
             except OSError:

@@ -165,7 +165,7 @@ def collapse_to_eos(model, eos_id: int) -> dict[str, torch.Tensor]:
     emb[:] = emb[0]
     probe = copy.deepcopy(model)
     probe.get_input_embeddings().weight.copy_(emb)
-    captured = {}  # the LM head's input is the final (normed) hidden state
+    captured: dict[str, torch.Tensor] = {}  # the LM head's input is the final (normed) hidden state
     handle = probe.get_output_embeddings().register_forward_hook(
         lambda mod, args, out: captured.setdefault("h", args[0])
     )

@@ -259,9 +259,9 @@ class EvalConfig:
                     if a in agents and agents[a].trainable is not None:
                         agents[a] = dataclasses.replace(agents[a], trainable=None)
             groups[g] = dataclasses.replace(gcfg, **changes)
-        for a, ov in self.agents.items():
-            if ov.model is not None:
-                agents[a] = dataclasses.replace(agents.get(a) or AgentConfig(name=a), model=ov.model)
+        for a, agent_ov in self.agents.items():
+            if agent_ov.model is not None:
+                agents[a] = dataclasses.replace(agents.get(a) or AgentConfig(name=a), model=agent_ov.model)
         merged = dataclasses.replace(cfg, model_groups=groups, agents=agents)
         resolved = merged.resolve(list(agent_names))
         if resolved.agent_to_group != base.agent_to_group:

@@ -249,7 +249,7 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
     for g in groups_in_order:
         members = tuple(a for a in agent_names if mapping[a] == g)
         gcfg = cfg.model_groups.get(g) or ModelGroupConfig(name=g)
-        models = {a: agent_cfg[a].model for a in members if agent_cfg[a].model is not None}
+        models: dict[str, str] = {a: m for a in members if (m := agent_cfg[a].model) is not None}
         if gcfg.model is not None:
             models = {f"model_groups.{g}": gcfg.model, **models}
         if len(set(models.values())) > 1:

@@ -130,7 +130,8 @@ def is_finished(run_dir: str | Path, max_steps: int, eval_on: bool) -> bool:
     if done is not None:
         return done >= max_steps
     ckpts = list_checkpoints(run_dir)
-    if not ckpts or int(re.search(r"(\d+)$", ckpts[-1].name).group(1)) < max_steps:
+    last = re.search(r"(\d+)$", ckpts[-1].name) if ckpts else None  # names are step-<N>
+    if last is None or int(last.group(1)) < max_steps:
         return False
     if not eval_on:
         return True

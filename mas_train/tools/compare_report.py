@@ -130,8 +130,10 @@ def summarize_run(run_dir: str | Path, metrics: RunMetrics | None = None) -> Run
     for key in m.keys("lemma/factor/"):
         agent = key.split("/", 2)[2]
         s.factor[agent] = float(np.mean(m.get(key)[1]))
-        norms = dict(zip(*m.get(f"losses/grad_norm/{agent}"), strict=True))
-        s.factor_norm += [(f, norms[st]) for st, f in zip(*m.get(key), strict=True) if norms.get(st, 0) > 0]
+        norm_at = dict(zip(*m.get(f"losses/grad_norm/{agent}"), strict=True))
+        s.factor_norm += [
+            (f, norm_at[st]) for st, f in zip(*m.get(key), strict=True) if norm_at.get(st, 0) > 0
+        ]
     return s
 
 
@@ -207,9 +209,10 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
     ranked = sorted(
         (m["final_avg"]["mean"], mode) for mode, m in modes.items() if m["final_avg"]["mean"] is not None
     )
-    summary = {
+    ranking = [mode for _, mode in ranked]
+    summary: dict[str, Any] = {
         "modes": modes,
-        "ranking": [mode for _, mode in ranked],
+        "ranking": ranking,
         "runs": [r.__dict__ for r in runs],
         "files": [str(p) for p in files],
     }

@@ -226,10 +226,16 @@ def _eval_figure(runs: Sequence[RunMetrics], path: Path) -> Path | None:
     keys: list[str] = []
     for r in runs:
         keys += [k for k in r.series if _EVAL_KEY.match(k) and k not in keys]
-    keys.sort(key=lambda k: (_EVAL_KEY.match(k).group(1), int(_EVAL_KEY.match(k).group(2))))
+
+    def kind_and_n(key: str) -> tuple[str, str]:
+        m = _EVAL_KEY.match(key)
+        assert m is not None  # keys were filtered by this pattern above
+        return m.group(1), m.group(2)
+
+    keys.sort(key=lambda k: (kind_and_n(k)[0], int(kind_and_n(k)[1])))
     panels = []
     for k in keys:
-        kind, n = _EVAL_KEY.match(k).groups()
+        kind, n = kind_and_n(k)
         what = "mean success over the k samples" if kind == "avg" else "any of the k samples succeeds"
         ptitle = f"{kind}@{n} ({what})"
         if len(runs) == 1:

@@ -148,6 +148,15 @@ def test_options_task_and_unknown_options():
         env.reset(options={"task_index": 5})
 
 
+def test_current_task_is_the_live_row_and_a_clear_error_before_reset():
+    env = RelayEnv(tasks=TASKS)
+    with pytest.raises(RuntimeError, match=r"RelayEnv has no task yet: call reset\(\) first"):
+        _ = env.current_task
+    env.reset(options={"task_index": 3})
+    assert env.current_task == TASKS[3] and env.current_task is env.task
+    assert env.current_task is not TASKS[3]  # reset copies the row
+
+
 def test_no_task_list_is_a_clear_error():
     env = RelayEnv()
     with pytest.raises(ValueError, match="tasks="):

@@ -8,6 +8,7 @@ solver's last `\boxed{}` content (correct when it scores 1.0); every other row g
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from mas_envs.core import task_id_of
@@ -78,7 +79,7 @@ def check_prompt_style(style: object) -> str:
     return str(style)
 
 
-def fewshot_solver_messages(question: str, attempts: list[str] = ()) -> list[dict[str, str]]:
+def fewshot_solver_messages(question: str, attempts: Sequence[str] = ()) -> list[dict[str, str]]:
     """The "fewshot" solver prompt: the worked examples as earlier chat turns, then the problem.
 
     `attempts` are the solver's earlier (rejected) attempts: each follows as an assistant turn with a user

@@ -67,9 +67,12 @@ class MathOneAgentEnv(TextAECEnv):
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         if self.prompt_style == "fewshot":
-            return fewshot_solver_messages(self.task["question"])
+            return fewshot_solver_messages(self.current_task["question"])
         user = "\n\n".join(
-            [prompts.PROBLEM.format(question=self.task["question"]), prompts.SOLVER_TASK_1AGENT.format()]
+            [
+                prompts.PROBLEM.format(question=self.current_task["question"]),
+                prompts.SOLVER_TASK_1AGENT.format(),
+            ]
         )
         return [
             {"role": "system", "content": prompts.SOLVER_SYSTEM_1AGENT},
@@ -81,7 +84,7 @@ class MathOneAgentEnv(TextAECEnv):
         return Transition(invalid=not solver_action_is_valid(action), next_agent=None)
 
     def episode_outcome(self) -> Outcome:
-        correct = grade_solution(self.answer_text, self.task)
+        correct = grade_solution(self.answer_text, self.current_task)
         return Outcome(
             team_reward=1.0 if correct else 0.0, success=bool(correct), metrics={"solver_turns": 1.0}
         )

@@ -158,16 +158,16 @@ class MathTwoAgentEnv(TextAECEnv):
     def _attempt_correct(self, i: int) -> bool:
         if self._attempts_correct[i] is None:
             text = self.history[[k for k, (who, _) in enumerate(self.history) if who == "solver"][i]][1]
-            self._attempts_correct[i] = grade_solution(text, self.task)
+            self._attempts_correct[i] = grade_solution(text, self.current_task)
         return bool(self._attempts_correct[i])
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         if self.prompt_style == "fewshot":
-            question = self.task["question"]
+            question = self.current_task["question"]
             if agent == "solver":
                 return fewshot_solver_messages(question, [t for who, t in self.history if who == "solver"])
             return fewshot_verifier_messages(question, self.last_solution or "")
-        parts = [prompts.PROBLEM.format(question=self.task["question"])]
+        parts = [prompts.PROBLEM.format(question=self.current_task["question"])]
         if self.history:
             entries, n = [prompts.HISTORY_HEADER], {"solver": 0, "verifier": 0}
             for who, text in self.history:

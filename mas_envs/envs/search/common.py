@@ -25,9 +25,9 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from mas_envs.core import TranscriptEntry, task_id_of
+from mas_envs.core import TextAECEnv, TranscriptEntry, task_id_of
 from mas_envs.rewards.qa import answer_strings, exact_match, f1_score
 
 from .retriever import Passage, Retriever, format_passages
@@ -140,7 +140,7 @@ def parse_action(text: str, allowed: Sequence[str], *, require_think: bool = Tru
     starts = {k: m.start() for k in ("search", "answer") if (m := _open(k).search(text))}
     if not starts:
         return ActionParse(None, None, True, "no <search> or <answer> tag")
-    kind = min(starts, key=starts.get)
+    kind = min(starts, key=starts.__getitem__)
     content = first_block(text, "search") if kind == "search" else last_block(text, "answer")
     reasons = []
     if content is None:
@@ -220,7 +220,7 @@ def resolve_retriever(retriever: Retriever | str | Sequence[str] | None) -> Retr
         return _cached_retriever(tuple(retriever))
     if not callable(getattr(retriever, "search", None)):
         raise TypeError(f"retriever must have a search(queries, topk) method, got {type(retriever).__name__}")
-    return retriever
+    return cast(Retriever, retriever)  # checked above: it has a callable search
 
 
 def check_retriever_arg(retriever: Any) -> None:
@@ -260,7 +260,7 @@ def run_search(retriever: Any, query: str, topk: int) -> tuple[list[Passage], st
     return passages, body
 
 
-class RetrievalErrorsMixin:
+class RetrievalErrorsMixin(TextAECEnv):
     """Count an episode's failed retriever calls, reported as the ``retrieval_errors`` episode metric.
 
     A failed search is an observation (``Search error: ...``) and the episode goes on, so without a count a
@@ -270,6 +270,8 @@ class RetrievalErrorsMixin:
     """
 
     retrieval_errors: int = 0
+    retriever: Any  # set by the env's constructor: anything resolve_retriever accepts
+    topk: int
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         self.retrieval_errors = 0
@@ -296,7 +298,7 @@ class RetrievalErrorsMixin:
         return [warning] if warning else []
 
 
-class NotesAfterActionMixin:
+class NotesAfterActionMixin(TextAECEnv):
     """Put env messages (retrieved passages) in the transcript *after* the action that caused them.
 
     ``TextAECEnv`` records an action only after ``apply_action`` returns, so an ``add_note`` made inside

@@ -123,12 +123,12 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         return Transition(invalid=parsed.invalid, next_agent=AGENT)
 
     def episode_outcome(self) -> Outcome:
-        em, f1 = score_answer(self.answer, self.task)
+        em, f1 = score_answer(self.answer, self.current_task)
         self.infos[AGENT].update({"f1": f1, "answer": self.answer, "num_searches": self.num_searches})
         return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
-        parts = [f"Question: {self.task['question']}"]
+        parts = [f"Question: {self.current_task['question']}"]
         if self.steps:
             parts.append("Your turns so far:\n" + "\n".join(self.steps))
         turn = len(self.steps) // 2 + 1

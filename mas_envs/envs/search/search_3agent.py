@@ -202,7 +202,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         return Transition(invalid=parsed.invalid, next_agent=None)
 
     def episode_outcome(self) -> Outcome:
-        em, f1 = score_answer(self.answer, self.task)
+        em, f1 = score_answer(self.answer, self.current_task)
         for a in self.agents:
             self.infos[a].update(
                 {"f1": f1, "answer": self.answer, "num_searches": sum(1 for q, _ in self.history if q)}
@@ -211,7 +211,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
 
     # --- prompts -----------------------------------------------------------------------------------------
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
-        parts = [f"Question: {self.task['question']}", render_history(self.history)]
+        parts = [f"Question: {self.current_task['question']}", render_history(self.history)]
         if agent == SEARCHER and self.verifier_reply is not None:
             parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
         turn = f"This is turn {self.search_turn} of {self.turn_limit}."

@@ -326,35 +326,36 @@ class PreallocatedLayer(DynamicLayer):
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
 
-    def _views(self) -> None:
-        self.keys = self._kbuf[..., : self._filled, :]
-        self.values = self._vbuf[..., : self._filled, :]
+    def _views(self, kbuf: torch.Tensor, vbuf: torch.Tensor) -> None:
+        self.keys = kbuf[..., : self._filled, :]
+        self.values = vbuf[..., : self._filled, :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n, s = self._filled, key_states.shape[-2]
-        if self._kbuf is None or n + s > self._kbuf.shape[-2]:
+        kbuf, vbuf = self._kbuf, self._vbuf
+        if kbuf is None or vbuf is None or n + s > kbuf.shape[-2]:
             cap = n + s + max(self.reserve, s)
-            kbuf = key_states.new_empty((*key_states.shape[:-2], cap, key_states.shape[-1]))
-            vbuf = value_states.new_empty((*value_states.shape[:-2], cap, value_states.shape[-1]))
-            if n:
-                kbuf[..., :n, :] = self._kbuf[..., :n, :]
-                vbuf[..., :n, :] = self._vbuf[..., :n, :]
-            self._kbuf, self._vbuf = kbuf, vbuf
-        self._kbuf[..., n : n + s, :] = key_states
-        self._vbuf[..., n : n + s, :] = value_states
+            new_k = key_states.new_empty((*key_states.shape[:-2], cap, key_states.shape[-1]))
+            new_v = value_states.new_empty((*value_states.shape[:-2], cap, value_states.shape[-1]))
+            if n and kbuf is not None and vbuf is not None:
+                new_k[..., :n, :] = kbuf[..., :n, :]
+                new_v[..., :n, :] = vbuf[..., :n, :]
+            kbuf, vbuf = self._kbuf, self._vbuf = new_k, new_v
+        kbuf[..., n : n + s, :] = key_states
+        vbuf[..., n : n + s, :] = value_states
         self._filled = n + s
-        self._views()
+        self._views(kbuf, vbuf)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
         return self._filled
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self._filled:
+        if self._filled and self._kbuf is not None and self._vbuf is not None:
             self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
-            self._views()
+            self._views(self._kbuf, self._vbuf)
 
     def reset(self) -> None:
         self._filled, self._kbuf, self._vbuf = 0, None, None

@@ -149,16 +149,16 @@ def make_from_options(
         **lora_kw,
     }
     if options.url:
-        backend = SGLangHTTPBackend(
+        http = SGLangHTTPBackend(
             options.url, model_path=model_path, memory_saver=options.enable_memory_saver, **common
         )
         try:
-            backend.wait_until_healthy(options.startup_timeout or 60.0)
-            backend.check_lora_server()
+            http.wait_until_healthy(options.startup_timeout or 60.0)
+            http.check_lora_server()
         except BaseException:
-            backend.close()
+            http.close()
             raise
-        return _load_initial_adapter(backend, model)
+        return _load_initial_adapter(http, model)
     if model_path is None:
         raise ValueError(
             "sglang_http without backend_options.url launches a server: it needs the model to serve"
@@ -167,7 +167,7 @@ def make_from_options(
     if dtype and dtype != "auto":
         extra += ["--dtype", dtype]
     extra += _server_flags(lora_args)
-    backend = SGLangHTTPBackend.launch(
+    launched = SGLangHTTPBackend.launch(
         model_path,
         port=options.port,
         mem_fraction_static=options.mem_fraction_static,
@@ -179,7 +179,7 @@ def make_from_options(
         startup_timeout=options.startup_timeout or 900.0,
         **common,
     )
-    return _load_initial_adapter(backend, model)
+    return _load_initial_adapter(launched, model)
 
 
 def _server_flags(args: dict[str, Any]) -> list[str]:

@@ -108,7 +108,7 @@ class SGLangEngineBackend(LoRAAdapterSync):
         self._tmp_adapter_dir = (
             None if adapter_dir is not None else tempfile.mkdtemp(prefix="mas_sglang_lora_")
         )
-        self.adapter_root = Path(adapter_dir if adapter_dir is not None else self._tmp_adapter_dir)
+        self.adapter_root = Path(adapter_dir) if adapter_dir is not None else Path(str(self._tmp_adapter_dir))
         self._owns_engine = engine is None
         if engine is None:
             if self.model_path is None:

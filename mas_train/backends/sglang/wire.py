@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
 
 # the request checks live in mas_train.backends.checks, the checkpoint writers and LoRA sync in
 # mas_train.backends.weight_sync (shared with vllm_http); re-exported here under the names the SGLang modules use
@@ -126,7 +126,7 @@ def parse_sglang_output(
             f"({len(output_ids)} vs {len(ids)} tokens); cannot align logprobs with completion ids"
         )
 
-    finish_reason = "length"
+    finish_reason: FinishReason = "length"
     stop_string: str | None = None
     if isinstance(finish, Mapping) and finish.get("type") == "stop":
         finish_reason = "stop"

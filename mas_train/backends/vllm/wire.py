@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mas_train.backends.base import GenerationOutput, SamplingParams
+from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
 from mas_train.backends.checks import earliest_stop
 
 __all__ = [
@@ -102,9 +102,10 @@ def parse_vllm_choice(
             "cannot align logprobs with completion ids"
         )
     logprobs = [float(lp) for lp in lps_raw]
-    finish = choice.get("finish_reason")
-    if finish not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished a request with {finish!r}: {choice.get('stop_reason')!r}")
+    finish_raw = choice.get("finish_reason")
+    if finish_raw not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a request with {finish_raw!r}: {choice.get('stop_reason')!r}")
+    finish: FinishReason = "stop" if finish_raw == "stop" else "length"
     reason = choice.get("stop_reason")
     stop_string = reason if finish == "stop" and isinstance(reason, str) and reason in sampling.stop else None
     eos = getattr(tokenizer, "eos_token_id", None)
