@@ -159,18 +159,21 @@ class LoRAAdapterSync:
     def _push_adapter(self, items: Sequence[tuple[str, torch.Tensor]], version: int) -> Path:
         """Write ``items`` to ``adapter_root/<name>-v<version>`` and make it the served version of the adapter:
         unload the old one (if loaded), load the new one; on a failed load the old version is loaded back."""
-        target = self.adapter_root / f"{self.lora_name}-v{version}"
-        write_peft_adapter(items, self.lora_name, self.lora, target)
+        name = self.lora_name
+        if name is None:
+            raise RuntimeError("this backend serves no LoRA adapter (lora_name is None); it has none to push")
+        target = self.adapter_root / f"{name}-v{version}"
+        write_peft_adapter(items, name, self.lora, target)
         previous = self.adapter_path
         if previous is not None and not self.reload_in_place:
-            self._unload_lora(self.lora_name)
+            self._unload_lora(name)
         try:
-            self._load_lora(self.lora_name, str(target))
+            self._load_lora(name, str(target))
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             if previous is not None:
                 try:  # keep serving the last good version rather than none
-                    self._load_lora(self.lora_name, str(previous))
+                    self._load_lora(name, str(previous))
                 except Exception:  # noqa: BLE001 - the original error is the one to report
                     self.adapter_path = None
                     logger.error("could not load LoRA adapter %s back after a failed sync", previous)

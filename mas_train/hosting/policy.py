@@ -171,9 +171,9 @@ class RemotePolicy:
 
     trains = False
     num_parameters = 0
-    generation_model = None
-    adapter = None
-    shared_base = None
+    generation_model: Any = None
+    adapter: str | None = None
+    shared_base: Any = None
 
     def __init__(self, group: str, model_path: str, tokenizer: Any) -> None:
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
@@ -204,8 +204,8 @@ class FrozenPolicy:
 
     trains = False
     num_parameters = 0
-    adapter = None
-    shared_base = None
+    adapter: str | None = None
+    shared_base: Any = None
 
     def __init__(self, group: str, model_path: str, model: torch.nn.Module, tokenizer: Any) -> None:
         model.eval().requires_grad_(False)
@@ -240,8 +240,8 @@ class FullPolicy:
     scheduler) on its own copy of the model; checkpoints hold ``model/``, ``optimizer.pt``, ``scheduler.pt``."""
 
     trains = True
-    adapter = None
-    shared_base = None
+    adapter: str | None = None
+    shared_base: Any = None
 
     def __init__(self, group: str, model_path: str, trainer: GroupGRPOTrainer, tokenizer: Any) -> None:
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer

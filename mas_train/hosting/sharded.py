@@ -237,8 +237,8 @@ class ShardedPolicy:
     what :meth:`save` writes). Per-agent gradient norms are not measured sharded."""
 
     trains = True
-    adapter = None
-    shared_base = None
+    adapter: str | None = None
+    shared_base: Any = None
 
     def __init__(
         self, group: str, model_path: str, ranks: Any, model: torch.nn.Module, tokenizer: Any

@@ -134,6 +134,7 @@ class ModelGroupWorker:
                 f"model groups {strangers} do not share model group {self.group!r}'s base model and backend; "
                 "generate their rows with one generate() call per group"
             )
+        assert isinstance(self.backend, HFBackend)  # a mixed_batch_key is only ever an HFBackend's
         outs = self.backend.generate(prompt_ids, sampling, adapters=[w.policy.adapter for w in workers])
         for out, w in zip(outs, workers, strict=True):
             out.weight_version = w.weight_version

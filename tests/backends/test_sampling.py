@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mas_train.backends import sampling
+from mas_train.backends.hf import sampling
 from mas_train.backends.base import SamplingParams
 from mas_train.backends.hf import HFBackend
 from mas_train.backends.hf.sampling import nucleus_mask, sample_tokens, truncate_logits

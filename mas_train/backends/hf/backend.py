@@ -334,7 +334,7 @@ class HFBackend(DecodeLoop):
     def close(self) -> None:
         """Drop the generation model (the caller's model is untouched). Idempotent."""
         self._closed = True
-        self._model = None  # type: ignore[assignment]
+        self._model = None
         self._packed = None  # it references the model: a closed private copy and its packed weights are freed
 
     # -- internals -----------------------------------------------------------------------------------------
