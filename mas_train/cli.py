@@ -48,9 +48,10 @@ def _quiet_libraries() -> None:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean the user asked for something impossible (never a bug in mas-rl)."""
     from mas_envs.registration import UnknownEnvError
+    from mas_train.checkpoint import UnsafeCheckpointError
     from mas_train.config import ConfigError
 
-    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError)
+    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError, UnsafeCheckpointError)
 
 
 def _run(prog: str, argv: list[str], body: Callable[[list[str]], Any]) -> int:

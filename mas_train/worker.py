@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from mas_train.checkpoint import load_state
 from mas_train.group_trainer import _device, _torch_dtype, build_group_trainer
 from mas_train.rollout import Sample
 from mas_train.update import GroupGRPOTrainer
@@ -452,8 +453,8 @@ class ModelGroupWorker:
             self.updates = int(state["updates"])
             return
         self.load_weights(str(folder))
-        self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
-        self.trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+        self.trainer.optimizer.load_state_dict(load_state(folder / "optimizer.pt"))
+        self.trainer.lr_scheduler.load_state_dict(load_state(folder / "scheduler.pt"))
         state = json.loads((folder / "state.json").read_text())
         self.trainer.state.global_step = int(state["global_step"])
         self.updates = int(state["updates"])
