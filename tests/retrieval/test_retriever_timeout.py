@@ -24,7 +24,9 @@ def test_a_mapping_retriever_sets_the_client_timeout():
 def test_a_hung_service_fails_a_search_after_the_timeout():
     with BadServer("hang") as srv:
         spec = {"url": srv.url, "timeout": 1.0, "max_retries": 0}
-        env = mas_envs.make("search-1agent", retriever=spec, tasks=[{"question": "q?", "golden_answers": ["a"]}])
+        env = mas_envs.make(
+            "search-1agent", retriever=spec, tasks=[{"question": "q?", "golden_answers": ["a"]}]
+        )
         env.reset(seed=0)
         t0 = time.monotonic()
         _, body = run_search(spec, "who", 3)

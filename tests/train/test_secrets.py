@@ -15,7 +15,9 @@ SECRET = "s3cr3t-value-9f2"
 def test_env_interpolation_in_a_flag_is_refused(monkeypatch):
     monkeypatch.setenv("MAS_TEST_SECRET", SECRET)
     monkeypatch.delenv("MAS_RL_CONFIG_ENV", raising=False)
-    with pytest.raises(ConfigError, match=r"run_name: .*reads an environment variable.*MAS_RL_CONFIG_ENV=1") as e:
+    with pytest.raises(
+        ConfigError, match=r"run_name: .*reads an environment variable.*MAS_RL_CONFIG_ENV=1"
+    ) as e:
         parse_args(["--env", "math-2agent", "--run_name", "x-${oc.env:MAS_TEST_SECRET}"])
     assert SECRET not in str(e.value)
 
@@ -53,7 +55,9 @@ def _chat(backend):
     return backend.generate_messages([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2))
 
 
-def test_openai_api_key_is_not_sent_to_another_server_by_default(server, monkeypatch, tiny_model_and_tokenizer):
+def test_openai_api_key_is_not_sent_to_another_server_by_default(
+    server, monkeypatch, tiny_model_and_tokenizer
+):
     pytest.importorskip("openai")
     from mas_train.backends.openai import OpenAIBackend, OpenAIOptions, key_env_for
 
