@@ -36,6 +36,7 @@ class RemoteRetriever:
             ``(max_retries + 1) * len(urls)``, default 1: a hung single server fails a search after
             ``2 * timeout + backoff`` = 20.5 s by default.
         backoff: seconds slept before retry round ``r`` is ``backoff * 2**(r-1)`` (exponential back-off).
+        token: sent as ``Authorization: Bearer <token>`` to these URLs (``mas-index serve --token-env``).
 
     Retries cover connection errors, timeouts and HTTP 5xx. A 4xx answer (e.g. a request over the server's
     limits) is the caller's fault and is raised at once as ``ValueError`` with the server's message.
@@ -48,6 +49,7 @@ class RemoteRetriever:
         timeout: float = 10.0,
         max_retries: int = 1,
         backoff: float = 0.5,
+        token: str | None = None,
     ) -> None:
         import httpx
 
@@ -62,8 +64,9 @@ class RemoteRetriever:
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
+        self._token = token
         self._httpx = httpx
-        self._client = deadline_client(timeout)
+        self._client = deadline_client(timeout, headers=self._headers())
         self._next = itertools.count()
         self._lock = threading.Lock()
 
@@ -119,6 +122,12 @@ class RemoteRetriever:
             "retriever's timeout (retriever: {urls: [...], timeout: S})."
         ) from None
 
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def __repr__(self) -> str:  # never the token
+        return f"RemoteRetriever({self.urls!r}, timeout={self.timeout}, max_retries={self.max_retries})"
+
     def close(self) -> None:
         self._client.close()
 
@@ -133,7 +142,7 @@ class RemoteRetriever:
 
         self.__dict__.update(state)
         self._httpx = httpx
-        self._client = deadline_client(self.timeout)
+        self._client = deadline_client(self.timeout, headers=self._headers())
         self._next = itertools.count()
         self._lock = threading.Lock()
 

@@ -186,7 +186,7 @@ def score_answer(answer: str | None, task: dict[str, Any]) -> tuple[float, float
     return exact_match(answer, golds), f1_score(answer, golds)
 
 
-RETRIEVER_OPTIONS = ("urls", "url", "timeout", "max_retries", "backoff")
+RETRIEVER_OPTIONS = ("urls", "url", "timeout", "max_retries", "backoff", "token_env")
 """Keys of a mapping ``retriever`` argument (a retrieval server with client options)."""
 
 
@@ -204,6 +204,15 @@ def _url_spec(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[str
     if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
         raise TypeError(f"a retriever mapping needs urls: one or more http(s):// URLs, got {urls!r}")
     options = tuple(sorted((k, spec[k]) for k in ("timeout", "max_retries", "backoff") if k in spec))
+    if spec.get("token_env"):  # the name travels in configs; the token is read here, on the machine that runs
+        import os
+
+        token = os.environ.get(str(spec["token_env"])) or None
+        if token is None:
+            raise TypeError(
+                f"retriever token_env {spec['token_env']!r}: that environment variable is unset or empty"
+            )
+        options += (("token", token),)
     return urls, options
 
 
@@ -230,7 +239,8 @@ def resolve_retriever(retriever: Retriever | str | Sequence[str] | None) -> Retr
 
     ``None`` → the bundled HotpotQA index (:func:`retrieval_index.default_retriever`); a URL or list of URLs →
     :class:`retrieval_index.RemoteRetriever` with its defaults (10 s per attempt, 1 retry); a mapping
-    ``{urls: URL or [URLs], timeout: s, max_retries: n, backoff: s}`` → the same with those client options (a
+    ``{urls: URL or [URLs], timeout: s, max_retries: n, backoff: s, token_env: VAR}`` → the same with those
+    client options (``token_env``: the environment variable holding the server's bearer token; a
     hung server fails a search after ``(max_retries + 1) * len(urls) * timeout`` plus the backoff, and the
     search becomes one ``Search error: RetrieverUnavailableError: ...`` observation naming each URL); another
     string → an index directory for
