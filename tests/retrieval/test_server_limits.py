@@ -12,9 +12,10 @@ import pytest
 from _retrieval_fakes import HashEncoder, LiveServer
 from fastapi.testclient import TestClient
 
+from retrieval_index import server as srv
 from retrieval_index.client import RemoteRetriever
 from retrieval_index.index import Retriever
-from retrieval_index.server import FairLock, Limits, chunk_queries, create_app
+from retrieval_index.server import Limits, create_app
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_empty_queries_and_invalid_unicode_are_422(retriever, raw, message):
 
 def test_chunks_cover_every_query_once_within_the_limits():
     queries = ["a" * n for n in (5, 300, 1, 50, 50, 120, 7, 2000)]
-    chunks = chunk_queries(queries, max_chars=200, max_queries=3)
+    chunks = srv.chunk_queries(queries, max_chars=200, max_queries=3)
     assert sorted(i for c in chunks for i in c) == list(range(len(queries)))
     for c in chunks:
         assert len(c) <= 3 and (len(c) == 1 or sum(len(queries[i]) for i in c) <= 200)
@@ -92,7 +93,7 @@ def test_results_of_a_chunked_request_keep_the_query_order(retriever):
 
 
 def test_fair_lock_serves_in_arrival_order():
-    lock, order = FairLock(), []
+    lock, order = srv.FairLock(), []
     lock.__enter__()
     threads = []
     for i in range(5):
