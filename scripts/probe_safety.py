@@ -332,7 +332,7 @@ def _mas_train(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, **kw)
 
 
-def probe_checkpoint(kills: int) -> None:
+def probe_checkpoint(kills: int, planted: bool = True) -> None:
     import random
     import shutil
     import tempfile
@@ -353,12 +353,15 @@ def probe_checkpoint(kills: int) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     run = work / "a"
     print(f"trained: {[p.name for p in list_checkpoints(run)]}")
-    for name in ("trainer_state.pt", "groups/shared/optimizer.pt"):
+    for name in ("trainer_state.pt", "groups/shared/optimizer.pt") if planted else ():
         copy = work / f"planted-{name.replace('/', '-')}"
         shutil.copytree(run, copy / "a")
         ckpt = list_checkpoints(copy / "a")[-1]
         sentinel = copy / "PWNED"
         torch.save({"step": 2, "x": Planted(str(sentinel))}, ckpt / name)
+        from mas_train.checkpoint import _write_manifest  # noqa: PLC2701 - the attacker keeps it consistent
+
+        _write_manifest(ckpt)
         t0 = time.monotonic()
         r = _mas_train("--max_steps", "3", "--resume", str(copy / "a"))
         errors = [x for x in r.stderr.splitlines() if "error:" in x]

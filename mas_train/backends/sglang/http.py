@@ -158,7 +158,9 @@ class SGLangHTTPBackend(_LoRASync, HTTPServerClient):
     def _post_ok(self, path: str, payload: Any, what: str) -> httpx.Response:
         r = self._request("POST", path, payload)
         if r.status_code >= 400:
-            raise RuntimeError(f"SGLang {what} failed: HTTP {r.status_code} from {path}: {r.text[:2000]}")
+            raise RuntimeError(
+                f"SGLang {what} failed: HTTP {r.status_code} from {self.url}{path}: {r.text[:2000]}"
+            )
         try:
             body = r.json() if r.content else None
         except ValueError:
@@ -193,7 +195,7 @@ class SGLangHTTPBackend(_LoRASync, HTTPServerClient):
         }
         r = self._request("POST", "/generate", payload)
         if r.status_code >= 400:
-            raise RuntimeError(f"SGLang /generate failed: HTTP {r.status_code}: {r.text[:2000]}")
+            raise RuntimeError(f"SGLang {self.url}/generate failed: HTTP {r.status_code}: {r.text[:2000]}")
         outs = self._json(r, "/generate")
         if isinstance(outs, Mapping):
             if "error" in outs:

@@ -166,7 +166,9 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         if self._served_model is None:
             r = self._request("GET", "/v1/models")
             if r.status_code != 200:
-                raise RuntimeError(f"vLLM GET /v1/models failed: HTTP {r.status_code}: {r.text[:500]}")
+                raise RuntimeError(
+                    f"vLLM GET {self.url}/v1/models failed: HTTP {r.status_code}: {r.text[:500]}"
+                )
             try:
                 self._served_model = str(self._json(r, "/v1/models")["data"][0]["id"])
             except (KeyError, IndexError, TypeError) as err:
@@ -178,7 +180,9 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
     def _post_ok(self, path: str, payload: Any, what: str) -> httpx.Response:
         r = self._request("POST", path, payload)
         if r.status_code >= 400:
-            raise RuntimeError(f"vLLM {what} failed: HTTP {r.status_code} from {path}: {r.text[:2000]}")
+            raise RuntimeError(
+                f"vLLM {what} failed: HTTP {r.status_code} from {self.url}{path}: {r.text[:2000]}"
+            )
         return r
 
     # -- GenerationBackend -------------------------------------------------------------------------------
