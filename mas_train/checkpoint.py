@@ -61,6 +61,7 @@ __all__ = [
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "write_manifest",
 ]
 
 CHECKPOINTS = "checkpoints"
@@ -194,12 +195,15 @@ def save_checkpoint(
         text = json.dumps({"step": step})
     (tmp / "trainer_state.json").write_text(text)
     (tmp / "config.yaml").write_text(config_yaml)
-    _write_manifest(tmp)
+    write_manifest(tmp)
     _swap_in(tmp, final)
     return final
 
 
-def _write_manifest(folder: Path) -> None:
+def write_manifest(folder: str | Path) -> None:
+    """Write ``manifest.json``: every file of a checkpoint folder with its size (what :func:`is_complete`
+    checks). :func:`save_checkpoint` calls it last; call it after editing a checkpoint by hand."""
+    folder = Path(folder)
     skip = (MANIFEST, MANIFEST + ".part")
     files = {
         str(p.relative_to(folder)): p.stat().st_size

@@ -359,9 +359,9 @@ def probe_checkpoint(kills: int, planted: bool = True) -> None:
         ckpt = list_checkpoints(copy / "a")[-1]
         sentinel = copy / "PWNED"
         torch.save({"step": 2, "x": Planted(str(sentinel))}, ckpt / name)
-        from mas_train.checkpoint import _write_manifest  # noqa: PLC2701 - the attacker keeps it consistent
+        from mas_train.checkpoint import write_manifest  # an attacker keeps the manifest consistent
 
-        _write_manifest(ckpt)
+        write_manifest(ckpt)
         t0 = time.monotonic()
         r = _mas_train("--max_steps", "3", "--resume", str(copy / "a"))
         errors = [x for x in r.stderr.splitlines() if "error:" in x]

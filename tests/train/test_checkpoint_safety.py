@@ -146,7 +146,7 @@ def test_mas_train_resume_refuses_a_planted_pickle(trained_run, tmp_path, capsys
     ckpt = list_checkpoints(run)[-1]
     sentinel = tmp_path / "PWNED"
     torch.save({"step": 1, "evil": _Planted(sentinel)}, ckpt / name)
-    ck._write_manifest(ckpt)  # an attacker keeps the folder looking complete
+    ck.write_manifest(ckpt)  # an attacker keeps the folder looking complete
     code = train_main([*TINY, "--max_steps", "2", "--resume", str(run)])
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.strip()]
