@@ -241,6 +241,10 @@ def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
     ok = w.ask(pred, golds, left)
     if ok is None:
         _discard(w)
+        try:  # start the replacement now, so the next call is less likely to wait for a start-up
+            prestart()
+        except OSError:
+            pass
         return False
     _give_back(w)
     return ok
