@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--chunk-chars",
         type=int,
-        default=2048,
+        default=1024,
         help="characters encoded per turn at the index: a short request waits at most about one such chunk "
         "per request ahead of it",
     )

@@ -66,7 +66,7 @@ class Limits:
     """topk when the request does not name one (Search-R1's default)"""
     max_body_bytes: int = 1 << 20
     """bytes of request body (1 MiB: 65536 characters of queries take at most ~400 kB as JSON)"""
-    chunk_chars: int = 2048
+    chunk_chars: int = 1024
     """characters of queries encoded per turn at the index (the fairness unit; see the module docstring)"""
     chunk_queries: int = 64
     """queries encoded per turn at the index"""
@@ -174,6 +174,7 @@ class _BodyLimit:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),  # never read (and discard) the rest of a huge body
                 ],
             }
         )
