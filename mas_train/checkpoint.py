@@ -12,22 +12,37 @@ Layout (``<run_dir>/checkpoints/step-000010/``)::
     trainer_state.pt                    step, data position, RNG states (python, numpy, torch)
     trainer_state.json                  the same minus RNG, human-readable
     config.yaml                         the run's TrainConfig
+    manifest.json                       every file above with its size, written last
 
 A run that has done all its work (its last step, the final evaluation when evaluation is on, its plots) writes
 ``<run_dir>/complete.json`` (``{"step": N}``) last: a run killed during its final evaluation has its last
 checkpoint but not that file, and ``--resume`` then runs only what is missing (:func:`completed_step`).
 
-The folder is first written as ``step-000010.tmp-<pid>`` and renamed when complete, so a run killed while
-saving never leaves a folder that looks finished; :func:`find_checkpoint` ignores ``.tmp`` folders.
+Safety: every ``.pt`` file is read by :func:`load_state`, ``torch.load(weights_only=True)``: tensors, numbers,
+strings, lists, tuples, dicts and (for checkpoints written before RNG states were stored as tensors) NumPy's
+legacy RNG state. A file holding anything else (a pickle that would build an arbitrary object, which is how a
+planted file runs code) is refused with :class:`UnsafeCheckpointError` before any of it is executed. Weights
+are safetensors (read by transformers / PEFT), configs JSON/YAML.
+
+Atomicity: the folder is first written as ``step-000010.tmp-<pid>`` and renamed when complete. Re-saving a
+step that exists renames the old folder to ``step-000010.old-<pid>``, renames the new one in, then deletes the
+old one, so at every instant one complete copy exists under a name :func:`recover_checkpoints` understands:
+it runs before every save and every ``--resume`` lookup, deletes the ``.tmp-`` folders of processes that are
+gone and puts back an ``.old-`` folder whose replacement never arrived. :func:`list_checkpoints` lists only
+complete folders (the manifest matches; older checkpoints without one: the driver state and each group's
+files present); :func:`find_checkpoint` warns about an incomplete newest folder and takes the newest
+complete one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,19 +53,119 @@ import torch
 __all__ = [
     "CHECKPOINTS",
     "completed_step",
-    "find_checkpoint",
-    "list_checkpoints",
-    "load_trainer_state",
     "mark_complete",
-    "prune_checkpoints",
     "remove_if_empty",
+    "IncompleteCheckpointWarning",
+    "check_checkpoint_files",
+    "UnsafeCheckpointError",
+    "find_checkpoint",
+    "is_complete",
+    "list_checkpoints",
+    "load_state",
+    "load_trainer_state",
+    "prune_checkpoints",
+    "recover_checkpoints",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "write_manifest",
 ]
 
 CHECKPOINTS = "checkpoints"
 _STEP_RE = re.compile(r"^step-(\d+)$")
+_LEFTOVER_RE = re.compile(r"^(step-\d+)\.(tmp|old)-(\d+)$")
+MANIFEST = "manifest.json"
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holds something other than tensors and plain data; it was not loaded."""
+
+
+class IncompleteCheckpointWarning(UserWarning):
+    """The newest checkpoint folder of a run is incomplete; an older complete one is used."""
+
+
+def _numpy_rng_globals() -> list[Any]:
+    """What unpickling NumPy's legacy RNG state (``np.random.get_state()``: a uint32 key array) needs."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+_NUMPY_RNG_NAMES = frozenset(
+    {
+        "numpy.dtype",
+        "numpy.ndarray",
+        "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray._reconstruct",
+        "numpy.dtypes.UInt32DType",
+    }
+)
+
+
+def check_checkpoint_files(folder: str | Path) -> None:
+    """Scan every ``.pt`` file under a checkpoint folder for objects :func:`load_state` would refuse, without
+    loading or running anything (``torch.serialization.get_unsafe_globals_in_checkpoint`` reads the pickle
+    opcodes only). Run before any model is loaded, so a planted file stops a resume at once.
+
+    Raises:
+        UnsafeCheckpointError: a file names a function or class outside the allow-list (one line: the file
+            and the first names).
+    """
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    for path in sorted(Path(folder).rglob("*.pt")):
+        try:
+            names = set(get_unsafe_globals_in_checkpoint(path)) - _NUMPY_RNG_NAMES
+        except Exception as err:  # noqa: BLE001 - any file torch cannot even scan is unusable
+            raise UnsafeCheckpointError(
+                f"cannot read {path} as a checkpoint file ({type(err).__name__}: {str(err)[:200]}); it is "
+                "damaged or not written by mas-rl: resume from another checkpoint"
+            ) from None
+        if names:
+            shown = ", ".join(sorted(names)[:3])
+            raise UnsafeCheckpointError(
+                f"refusing to load {path}: it would build objects other than tensors and plain data ({shown}); "
+                "mas-rl never writes such a file, so it was altered or made elsewhere. Nothing from it was "
+                "run; resume only from checkpoints you trust, or delete this checkpoint"
+            )
+
+
+def load_state(path: str | Path) -> Any:
+    """Read one ``.pt`` file of a checkpoint without running code from it.
+
+    ``torch.load(path, weights_only=True)``: tensors (on the device they were saved from), Python numbers,
+    strings, ``None``, lists, tuples, dicts, ``torch.Size`` and NumPy uint32 arrays (older checkpoints keep
+    NumPy's RNG key so). Optimizer, scheduler and driver states written by mas-rl are only these.
+
+    Raises:
+        FileNotFoundError: no such file.
+        UnsafeCheckpointError: the file would build any other object (what a planted pickle needs to run
+            code), or is not a torch file; one line naming the file and what to do. Nothing from it ran.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {path} does not exist")
+    try:
+        with torch.serialization.safe_globals(_numpy_rng_globals()):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()
+        detail = next(
+            (ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0] if first else ""
+        )
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it holds objects other than tensors and plain data ({detail[:200]}); "
+            "mas-rl never writes such a file, so it was altered or made elsewhere. Nothing from it was run; "
+            "resume only from checkpoints you trust, or delete this one"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:  # a truncated or foreign file
+        raise UnsafeCheckpointError(
+            f"cannot read {path} as a checkpoint file ({type(err).__name__}: {str(err)[:200]}); it is damaged "
+            "or not written by mas-rl: resume from another checkpoint"
+        ) from None
 
 
 def save_checkpoint(
@@ -71,6 +186,7 @@ def save_checkpoint(
     """
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
+    recover_checkpoints(run_dir)
     final = root / f"step-{step:06d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
@@ -86,9 +202,8 @@ def save_checkpoint(
         text = json.dumps({"step": step})
     (tmp / "trainer_state.json").write_text(text)
     (tmp / "config.yaml").write_text(config_yaml)
-    if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    write_manifest(tmp)
+    _swap_in(tmp, final)
     return final
 
 
@@ -126,13 +241,142 @@ def remove_if_empty(folder: str | Path) -> None:
             return
 
 
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
+def write_manifest(folder: str | Path) -> None:
+    """Write ``manifest.json``: every file of a checkpoint folder with its size (what :func:`is_complete`
+    checks). :func:`save_checkpoint` calls it last; call it after editing a checkpoint by hand."""
+    folder = Path(folder)
+    skip = (MANIFEST, MANIFEST + ".part")
+    files = {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in skip
+    }
+    tmp = folder / (MANIFEST + ".part")
+    tmp.write_text(json.dumps({"files": files}, indent=0))
+    os.replace(tmp, folder / MANIFEST)
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``; an existing ``final`` (re-saving a step, e.g. the final save after a
+    periodic one) is first renamed aside and deleted only once the new folder is in place."""
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    old = final.with_name(f"{final.name}.old-{os.getpid()}")
+    if old.exists():
+        shutil.rmtree(old)
+    os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def recover_checkpoints(run_dir: str | Path) -> list[str]:
+    """Tidy what killed saves left in ``<run_dir>/checkpoints``; returns one line per action.
+
+    * ``step-N.old-<pid>`` of a finished process: the step's previous copy, renamed aside by a re-save that was
+      killed before its new copy arrived. Put back as ``step-N`` when that is missing or incomplete, else deleted.
+    * ``step-N.tmp-<pid>`` of a finished process: a save that never completed; deleted.
+
+    Folders of a live process (another run writing into the same folder) are left alone.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    done = []
+    leftovers = sorted(
+        (m.group(2), m.group(1), int(m.group(3)), p)
+        for p in root.iterdir()
+        if p.is_dir() and (m := _LEFTOVER_RE.match(p.name))
+    )
+    for kind, name, pid, path in leftovers:  # "old" sorts before "tmp": restore before deleting new copies
+        if _pid_alive(pid):
+            continue
+        final = root / name
+        if kind == "old" and not is_complete(final) and is_complete(path):
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(path, final)
+            done.append(f"restored {final} from {path.name}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            done.append(f"deleted {path}")
+    return done
+
+
+def is_complete(folder: str | Path) -> bool:
+    """Whether a checkpoint folder holds everything :meth:`MultiGroupTrainer.load_checkpoint` reads.
+
+    With a ``manifest.json`` (written last by :func:`save_checkpoint`): every file it lists exists with its
+    size. Without one (checkpoints written before manifests): ``trainer_state.pt`` exists and each group
+    folder present has ``state.json`` and its weights (what the previous re-save left when killed mid-delete
+    fails this in most orders; a manifest makes the check exact)."""
+    folder = Path(folder)
+    manifest = folder / MANIFEST
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, TypeError):
+            return False
+        for rel, size in files.items():
+            p = folder / rel
+            try:
+                if p.stat().st_size != size:
+                    return False
+            except OSError:
+                return False
+        return True
+    if not (folder / "trainer_state.pt").is_file():
+        return False
+    groups = folder / "groups"
+    for g in groups.iterdir() if groups.is_dir() else ():
+        if not (g / "state.json").is_file():
+            return False
+        if not ((g / "model" / "config.json").is_file() or (g / "adapter" / "adapter_config.json").is_file()):
+            return False
+    return True
+
+
+def _step_folders(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_RE.match(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run (:func:`is_complete`), oldest first."""
+    return [p for p in _step_folders(run_dir) if is_complete(p)]
+
+
+def _newest_complete(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, warning about newer incomplete ones."""
+    recover_checkpoints(run_dir)
+    folders = _step_folders(run_dir)
+    complete = [p for p in folders if is_complete(p)]
+    newest = complete[-1] if complete else None
+    start = folders.index(newest) + 1 if newest is not None else 0
+    skipped = [p.name for p in folders[start:]]
+    if skipped:
+        warnings.warn(
+            f"{run_dir}: checkpoint {', '.join(skipped)} is incomplete (a save was interrupted); "
+            + (f"resuming from {newest.name}" if newest else "no complete checkpoint left"),
+            IncompleteCheckpointWarning,
+            stacklevel=3,
+        )
+    return newest
 
 
 def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs", *, flag: str = "--resume") -> Path:
@@ -148,7 +392,7 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs", *, flag: 
     spec_s = str(spec)
     if spec_s == "latest":
         runs = [p for p in Path(output_dir).glob("*") if p.is_dir()] if Path(output_dir).is_dir() else []
-        candidates = [c for r in runs for c in list_checkpoints(r)[-1:]]
+        candidates = [c for r in runs if (c := _newest_complete(r)) is not None]
         if not candidates:
             raise FileNotFoundError(
                 f"{flag} latest: no checkpoint under {Path(output_dir).resolve()}/*/{CHECKPOINTS}"
@@ -156,10 +400,15 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs", *, flag: 
         return max(candidates, key=lambda c: (c / "trainer_state.pt").stat().st_mtime)
     path = Path(spec_s).expanduser()
     if (path / "trainer_state.pt").is_file():
+        if not is_complete(path):
+            raise FileNotFoundError(
+                f"{flag} {spec_s}: this checkpoint folder is incomplete (a save was interrupted); pass its run "
+                "folder to resume from the newest complete checkpoint"
+            )
         return path
-    ckpts = list_checkpoints(path)
-    if ckpts:
-        return ckpts[-1]
+    newest = _newest_complete(path)
+    if newest is not None:
+        return newest
     raise FileNotFoundError(
         f"{flag} {spec_s}: not a checkpoint folder (no trainer_state.pt) and not a run folder with "
         f"{CHECKPOINTS}/step-*; pass a folder like runs/<run>/{CHECKPOINTS}/step-000010, a run folder, or 'latest'"
@@ -167,8 +416,15 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs", *, flag: 
 
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
-    """The driver state saved by :func:`save_checkpoint` (includes ``step``)."""
-    return torch.load(Path(ckpt) / "trainer_state.pt", weights_only=False)
+    """The driver state saved by :func:`save_checkpoint` (includes ``step``), read by :func:`load_state`
+    after :func:`check_checkpoint_files` has scanned every ``.pt`` file of the checkpoint (optimizer and
+    scheduler states included), so a resume is refused before any model is loaded.
+
+    Raises:
+        UnsafeCheckpointError: a file holds more than tensors and plain data (nothing from it ran).
+    """
+    check_checkpoint_files(ckpt)
+    return load_state(Path(ckpt) / "trainer_state.pt")
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
@@ -189,8 +445,11 @@ def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch RNG states (for checkpoints)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch RNG states (for checkpoints), as tensors and plain data only: NumPy's key array
+    (uint32) travels as an int64 tensor so :func:`load_state` needs no NumPy unpickling."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (str(name), torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -199,7 +458,9 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`rng_state` returned."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, *rest = state["numpy"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    np.random.set_state((name, key.astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -37,10 +37,18 @@ def quiet_libraries() -> None:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean the user asked for something impossible (never a bug in mas-rl)."""
     from mas_envs.registration import UnknownEnvError
+    from mas_train.checkpoint import UnsafeCheckpointError
     from mas_train.config import ConfigError
     from mas_train.models import ModelNotFoundError
 
-    return (ConfigError, UnknownEnvError, FileNotFoundError, ImportError, ModelNotFoundError)
+    return (
+        ConfigError,
+        UnknownEnvError,
+        FileNotFoundError,
+        ImportError,
+        ModelNotFoundError,
+        UnsafeCheckpointError,
+    )
 
 
 def run_command(prog: str, argv: list[str], body: Callable[[list[str]], Any]) -> int:

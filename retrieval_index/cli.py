@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -61,6 +62,20 @@ def _parser() -> argparse.ArgumentParser:
         "--max-total-chars", type=int, default=65536, help="characters over all queries of one request"
     )
     s.add_argument("--max-topk", type=int, default=100, help="passages per query")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body size (413 beyond)")
+    s.add_argument(
+        "--chunk-chars",
+        type=int,
+        default=1024,
+        help="characters encoded per turn at the index: a short request waits at most about one such chunk "
+        "per request ahead of it",
+    )
+    s.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="require 'Authorization: Bearer <token>' with the token read from environment variable VAR "
+        "(use it when --host is not loopback)",
+    )
 
     q = sub.add_parser("query", help="search an index or a server and print the passages")
     _add_source(q, url=True)
@@ -118,18 +133,27 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "serve":
             from .server import Limits, serve
 
+            token = None
+            if args.token_env:
+                token = os.environ.get(args.token_env) or None
+                if token is None:
+                    raise ValueError(
+                        f"--token-env {args.token_env}: that environment variable is unset or empty"
+                    )
             retriever = _open(args)
             limits = Limits(
                 max_queries=args.max_queries,
                 max_query_chars=args.max_query_chars,
                 max_total_chars=args.max_total_chars,
                 max_topk=args.max_topk,
+                max_body_bytes=args.max_body_bytes,
+                chunk_chars=args.chunk_chars,
             )
             print(
                 f"serving {len(retriever)} passages on http://{args.host}:{args.port}/retrieve",
                 file=sys.stderr,
             )
-            serve(retriever, host=args.host, port=args.port, limits=limits)
+            serve(retriever, host=args.host, port=args.port, limits=limits, token=token)
         else:
             hits = _open(args).search(args.queries, args.topk)
             if args.json:

@@ -30,10 +30,13 @@ class RemoteRetriever:
     Args:
         urls: one URL or several (``http://host:port/retrieve``; a bare ``http://host:port`` gets ``/retrieve``
             appended). Calls start at the next URL in round-robin order, spreading load across servers.
-        timeout: seconds per HTTP attempt (connect + read).
+        timeout: seconds per HTTP attempt in all (connect, send and the whole reply: a deadline, not a
+            per-read timeout; ``mas_envs.deadline_http``), default 10.
         max_retries: extra rounds after the first; each round tries every URL once. Total attempts =
-            ``(max_retries + 1) * len(urls)``.
+            ``(max_retries + 1) * len(urls)``, default 1: a hung single server fails a search after
+            ``2 * timeout + backoff`` = 20.5 s by default.
         backoff: seconds slept before retry round ``r`` is ``backoff * 2**(r-1)`` (exponential back-off).
+        token: sent as ``Authorization: Bearer <token>`` to these URLs (``mas-index serve --token-env``).
 
     Retries cover connection errors, timeouts and HTTP 5xx. A 4xx answer (e.g. a request over the server's
     limits) is the caller's fault and is raised at once as ``ValueError`` with the server's message.
@@ -43,11 +46,14 @@ class RemoteRetriever:
         self,
         urls: str | Sequence[str] = "http://127.0.0.1:8000/retrieve",
         *,
-        timeout: float = 30.0,
-        max_retries: int = 3,
+        timeout: float = 10.0,
+        max_retries: int = 1,
         backoff: float = 0.5,
+        token: str | None = None,
     ) -> None:
         import httpx
+
+        from mas_envs.deadline_http import deadline_client
 
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -58,8 +64,9 @@ class RemoteRetriever:
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
+        self._token = token
         self._httpx = httpx
-        self._client = httpx.Client(timeout=timeout)
+        self._client = deadline_client(timeout, headers=self._headers())
         self._next = itertools.count()
         self._lock = threading.Lock()
 
@@ -86,7 +93,10 @@ class RemoteRetriever:
             for url in order:
                 try:
                     response = self._client.post(url, json=payload)
-                except self._httpx.HTTPError as err:  # connect errors, timeouts, protocol errors
+                except self._httpx.TimeoutException:
+                    errors[url] = f"no whole answer within timeout={self.timeout:g} s"
+                    continue
+                except self._httpx.HTTPError as err:  # connect errors, closed connections, protocol errors
                     errors[url] = f"{type(err).__name__}: {err}"
                     continue
                 if response.status_code >= 500:
@@ -96,13 +106,27 @@ class RemoteRetriever:
                     raise ValueError(
                         f"retrieval server {url} rejected the request: HTTP {response.status_code} {response.text[:500]}"
                     )
-                return _parse(response.json(), len(queries))
+                try:
+                    body = response.json()
+                except ValueError:
+                    raise ValueError(
+                        f"retrieval server {url} answered HTTP {response.status_code} with a body that is not "
+                        f"JSON ({response.text[:120]!r}); check that the URL names a retrieval server"
+                    ) from None
+                return _parse(body, len(queries))
         attempts = (self.max_retries + 1) * len(self.urls)
         detail = "; ".join(f"{u} -> {e}" for u, e in errors.items())
         raise RetrieverUnavailableError(
             f"retrieval failed after {attempts} attempts over {len(self.urls)} URL(s): {detail}. "
-            "Is the server running? Start one with `mas-index serve --index DIR`."
-        )
+            "Is the server running? Start one with `mas-index serve --index DIR`; a slow one: raise the "
+            "retriever's timeout (retriever: {urls: [...], timeout: S})."
+        ) from None
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def __repr__(self) -> str:  # never the token
+        return f"RemoteRetriever({self.urls!r}, timeout={self.timeout}, max_retries={self.max_retries})"
 
     def close(self) -> None:
         self._client.close()
@@ -114,9 +138,11 @@ class RemoteRetriever:
     def __setstate__(self, state: dict) -> None:
         import httpx
 
+        from mas_envs.deadline_http import deadline_client
+
         self.__dict__.update(state)
         self._httpx = httpx
-        self._client = httpx.Client(timeout=self.timeout)
+        self._client = deadline_client(self.timeout, headers=self._headers())
         self._next = itertools.count()
         self._lock = threading.Lock()
 
@@ -143,13 +169,15 @@ def check_health(retriever: object, timeout: float = 5.0) -> str | None:
         retriever: the env's ``retriever`` argument. Only a URL (``http(s)://``) or a list of URLs is
             probed; anything else (``None`` for the bundled index, an index directory, an object) has no
             server to check and gives ``None``.
-        timeout: seconds per URL (connect + read), > 0.
+        timeout: seconds per URL request in all (connect, send, whole reply), > 0.
 
     Returns:
         ``None`` when every URL answers ``GET /health`` with 200 (``mas-index serve``), or, for servers
         without that route (Search-R1's ``retrieval_server.py`` answers 404), a one-query ``POST /retrieve``
         in the expected format. Otherwise one line naming each failing URL and why, and how to start a server.
     """
+    if isinstance(retriever, dict):  # {"urls": [...], "timeout": s} (mas_envs.envs.search.resolve_retriever)
+        retriever = retriever.get("urls", retriever.get("url"))
     urls = [retriever] if isinstance(retriever, str) else retriever
     if not isinstance(urls, (list, tuple)) or not urls:
         return None
@@ -157,8 +185,10 @@ def check_health(retriever: object, timeout: float = 5.0) -> str | None:
         return None
     import httpx
 
+    from mas_envs.deadline_http import deadline_client
+
     problems = []
-    with httpx.Client(timeout=timeout) as client:
+    with deadline_client(timeout) as client:
         for url in urls:
             base = _base(url)
             try:

@@ -8,27 +8,39 @@ process can. Each worker is this file run as a script (`python -P -u _worker.py`
 
 The parent keeps a pool of at most `MAX_WORKERS` workers (one per usable CPU, 2 to 8), shared by all threads;
 a thread that finds none idle waits for one, since more SymPy processes than cores only slow every call down
-(twelve threads that each started a worker took ~15 s a call on two cores). A worker that misses the deadline
+(twelve threads that each started a worker took ~15 s a call on two cores). That wait is part of the call's
+deadline: with more hanging comparisons in flight than workers, a call still waiting at its deadline counts
+as not equivalent rather than queueing behind them. A worker that misses the deadline
 is killed and the comparison counts as not equivalent; a request still unanswered after `_SPARE_AFTER_S`
 starts a spare worker, so the call after a timeout finds one ready instead of paying a start-up. A worker's
 start-up (about 1 s to import SymPy) is not part of the deadline: `prestart()` starts one ahead of time.
+
+A worker dies with the process that started it: on Linux it asks for SIGKILL when its parent goes
+(`prctl(PR_SET_PDEATHSIG)`; workers are started from one long-lived thread, since the signal follows the
+thread that forked), and on every system a watchdog thread in the worker exits when its parent pid changes
+(that thread runs only between SymPy's C calls, so the signal is what stops a worker stuck in one), and an
+idle worker exits at the end of its stdin.
 """
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import json
 import os
 import select
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from typing import IO
 
 _START_TIMEOUT_S = 60.0
 # A request not answered by then may well time out: start its replacement now, while it still runs.
 _SPARE_AFTER_S = 0.5
+# A call that waited longer than this for a free worker is charged the start-up of the worker it then starts.
+_QUEUED_S = 0.05
 
 
 def _usable_cpus() -> int:
@@ -41,10 +53,24 @@ def _usable_cpus() -> int:
 MAX_WORKERS = max(2, min(8, _usable_cpus()))
 
 
+# Workers are forked from this one thread, which lives as long as the process: PR_SET_PDEATHSIG fires when
+# the *thread* that forked a child exits, and a grading thread (a pool's) may end long before the process.
+_spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mas-grader-spawn")
+
+
 class _Worker:
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-u", os.path.abspath(__file__)],
+        self.proc = _spawner.submit(self._popen).result()
+        # both are set: the process was opened with stdin=PIPE, stdout=PIPE
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin: IO[str] = self.proc.stdin
+        self.stdout: IO[str] = self.proc.stdout
+        self.ready = False
+
+    @staticmethod
+    def _popen() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-P", "-u", os.path.abspath(__file__), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -52,11 +78,6 @@ class _Worker:
             encoding="utf-8",
             errors="replace",
         )
-        # both are set: the process was opened with stdin=PIPE, stdout=PIPE
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.stdin: IO[str] = self.proc.stdin
-        self.stdout: IO[str] = self.proc.stdout
-        self.ready = False
 
     def _readline(self, timeout: float) -> str | None:
         r, _, _ = select.select([self.stdout], [], [], max(timeout, 0.0))
@@ -65,9 +86,13 @@ class _Worker:
         line = self.stdout.readline()
         return line or None
 
-    def wait_ready(self) -> bool:
+    def wait_ready(self, timeout: float = _START_TIMEOUT_S) -> bool | None:
+        """`True` once started, `False` when it failed to start, `None` still starting after `timeout`."""
         if not self.ready:
-            self.ready = self._readline(_START_TIMEOUT_S) == "ready\n"
+            line = self._readline(timeout)
+            if line is None and timeout < _START_TIMEOUT_S and self.proc.poll() is None:
+                return None
+            self.ready = line == "ready\n"
         return self.ready
 
     def ask(self, pred: str, golds: list[str], timeout: float) -> bool | None:
@@ -111,11 +136,12 @@ _inherited: list[_Worker] = []
 def _forget_parent_workers() -> None:
     # A forked child (DataLoader, multiprocessing) must not talk to its parent's workers through the shared
     # pipes; it keeps references only so their Popen objects are never collected (and waited on) here.
-    global _cond, _live
+    global _cond, _live, _spawner
     _inherited.extend(_idle)
     _idle.clear()
     _live = 0
     _cond = threading.Condition()
+    _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mas-grader-spawn")
 
 
 if hasattr(os, "register_at_fork"):
@@ -145,10 +171,14 @@ def prestart() -> None:
             _idle.append(_start())
 
 
-def _borrow() -> _Worker:
+def _borrow(deadline: float | None = None) -> _Worker | None:
+    """An idle worker, a new one while the pool has room, else wait for one; `None` at `deadline`."""
     with _cond:
         while not _idle and _live >= MAX_WORKERS:
-            _cond.wait()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            _cond.wait(left)
         return _idle.pop() if _idle else _start()
 
 
@@ -173,28 +203,53 @@ def equivalent(pred: str, golds: list[str], timeout: float) -> bool:
     """Whether math-verify finds `pred` equivalent to any of `golds`, decided within `timeout` seconds.
 
     Returns `False` on a timeout or when the worker dies on the request. An idle worker found dead (killed
-    from outside) is replaced first. Waiting for a worker to start, or for a free one while `MAX_WORKERS`
-    threads are grading, is not counted. Where worker processes are unavailable (not POSIX, or one failed
+    from outside) is replaced first. Waiting for a free worker while `MAX_WORKERS` threads are grading counts
+    against `timeout` (the call returns `False` when none is free by then); waiting for a new worker to
+    start (about 1 s, several on a loaded box) does not, unless the call had queued for a free slot first.
+    So a call returns within `timeout`, plus one worker start-up when it found the pool with room. Where worker processes are unavailable (not POSIX, or one failed
     to start) the comparison runs in a daemon thread with the same deadline, which bounds the caller's wait
     but cannot stop C-level work.
     """
     if not _processes_ok:
         return _in_thread(pred, golds, timeout)
+    t_call = time.monotonic()
+    deadline = t_call + timeout
     try:
-        w = _borrow()
+        w = _borrow(deadline)
         for _ in range(MAX_WORKERS + 1):  # skip idle workers that died (OOM killer, a stray kill)
-            if not w.dead():
+            if w is None or not w.dead():
                 break
             _discard(w)
-            w = _borrow()
+            w = _borrow(deadline)
+        if w is None:  # every worker busy until the deadline
+            return False
     except OSError as err:  # cannot spawn at all: no usable sys.executable, out of file descriptors, ...
         return _fall_back(pred, golds, timeout, f"could not be started ({err})")
-    if not w.wait_ready():
+    started = w.ready
+    t_ready = time.monotonic()
+    # A worker's start-up is not charged to a call that found the pool with room; one that queued for a free
+    # slot has used its deadline already and waits for the start-up only as long as that deadline allows.
+    charged = not started and t_ready - t_call >= _QUEUED_S
+    state = w.wait_ready(max(0.0, deadline - t_ready)) if charged else w.wait_ready()
+    if state is None:  # still starting at the deadline: the next call finds it ready
+        _give_back(w)
+        return False
+    if not state:
         _discard(w)
         return _fall_back(pred, golds, timeout, "did not start")
-    ok = w.ask(pred, golds, timeout)
+    if not started and not charged:
+        deadline += time.monotonic() - t_ready
+    left = deadline - time.monotonic()
+    if left <= 0:
+        _give_back(w)
+        return False
+    ok = w.ask(pred, golds, left)
     if ok is None:
         _discard(w)
+        try:  # start the replacement now, so the next call is less likely to wait for a start-up
+            prestart()
+        except OSError:
+            pass
         return False
     _give_back(w)
     return ok
@@ -226,7 +281,8 @@ def _in_thread(pred: str, golds: list[str], timeout: float) -> bool:
 # defaults at the scale of 1 and moves both by the magnitude of the smallest number in the comparison.
 FLOAT_ROUNDING = 6
 NUMERIC_PRECISION = 15
-# Beyond this many extra digits the comparison would cost more than the deadline allows anyway.
+# Beyond this many extra digits a tolerance comparison would cost more than the deadline allows: values that
+# small are compared exactly (`_exact_verdict`) or not called equal.
 _MAX_EXTRA_DIGITS = 2000
 _MAX_NODES = 400  # numeric subterms looked at for their magnitude (a 400-character answer has fewer)
 
@@ -263,8 +319,36 @@ def _precision(exprs: list) -> tuple[int, int]:
             except Exception:  # noqa: BLE001  (a term that will not evaluate says nothing of magnitude)
                 continue
             smallest = m if smallest is None else min(smallest, m)
-    extra = 0 if smallest is None else min(_MAX_EXTRA_DIGITS, max(0, -smallest - 1))
+    extra = 0 if smallest is None else max(0, -smallest - 1)
+    if extra > _MAX_EXTRA_DIGITS:
+        raise _BeyondPrecision
     return FLOAT_ROUNDING + extra, NUMERIC_PRECISION + extra
+
+
+class _BeyondPrecision(Exception):
+    """A value too small for a tolerance at a precision the deadline affords (below ~10^-2000)."""
+
+
+def _exact_verdict(gold: list, target: list) -> bool:
+    r"""Equality of values below :func:`_precision`'s reach: exact only, never through a tolerance.
+
+    True when some gold and some target parse to the same exact rational (SymPy ``Rational`` equality:
+    ``10^{-3000} == \frac{1}{10^{3000}}``, ``\frac{1}{2000!}`` against itself); anything else, including
+    two different exact values and inexact forms, is refused (not equivalent).
+    """
+    from sympy import Basic
+
+    def exact(exprs: list) -> list:
+        out = []
+        for e in exprs:
+            if isinstance(e, Basic) and e.is_number and e.is_rational:  # latex2sympy leaves 10^{-3000} a Pow
+                v = e.doit()
+                if v.is_Rational:
+                    out.append(v)
+        return out
+
+    exact_t = exact(target)
+    return any(g == t for g in exact(gold) for t in exact_t)
 
 
 def _exact_scientific(expr):
@@ -317,7 +401,12 @@ def _compare(pred: str, golds: list[str]) -> bool:
             gold = as_latex(g)
             if not gold:
                 continue
-            rounding, precision = _precision([*gold, *target])
+            try:
+                rounding, precision = _precision([*gold, *target])
+            except _BeyondPrecision:
+                if _exact_verdict(gold, target):
+                    return True
+                continue
             if verify(
                 gold,
                 target,
@@ -331,7 +420,35 @@ def _compare(pred: str, golds: list[str]) -> bool:
     return False
 
 
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL when the parent goes (Linux), and a watchdog that exits when the parent pid changes."""
+    import signal
+    import time as _time
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still covers an idle or Python-level worker
+    if os.getppid() != parent:  # the parent died before the request above took effect
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(0)
+            _time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+
 def _serve() -> None:
+    if len(sys.argv) > 1:
+        _die_with_parent(int(sys.argv[1]))
     import math_verify  # noqa: F401  (import before "ready", so start-up is not charged to a request)
 
     print("ready", flush=True)

@@ -7,7 +7,12 @@ first as normalised strings, then with `math-verify` (SymPy-based equivalence: `
 scaled to the smallest magnitude in the comparison (`_worker._precision`), so `10^{-30}` and `2\cdot10^{-30}`
 differ, and `20!` and `20!+1` differ, while `0.5 == \frac12` and `0.333333 == \frac13` (6 places) hold.
 
-It never raises and returns within `GRADE_TIMEOUT_S` (4 s) on any input. SymPy can hang on inputs like
+Digits in any script (`٤٢`, `４２`) are read as ASCII digits first (`ascii_digits`). Values too small for a
+tolerance the deadline affords (below about 10^-2000) are compared exactly (SymPy rationals) or not at all.
+
+It never raises and returns within `GRADE_TIMEOUT_S` (4 s) on any input, also when many threads grade at
+once: waiting for a free worker process counts against the deadline (only the start-up of a new worker,
+about 1 s, once, does not). SymPy can hang on inputs like
 `9^{9^{9^9}}`: the big-integer arithmetic runs in C while holding the GIL, so neither `signal.alarm` (what
 math-verify uses, and only in the main thread) nor a worker thread can stop it. The SymPy comparison
 therefore runs in a separate worker process (`python -m mas_envs.rewards._worker`, started on first use,
@@ -20,13 +25,21 @@ from __future__ import annotations
 import numbers
 import re
 import time
+import unicodedata
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
 import numpy as np
 
-__all__ = ["GRADE_TIMEOUT_S", "extract_boxed", "grade_math", "normalize_answer", "strip_think"]
+__all__ = [
+    "GRADE_TIMEOUT_S",
+    "ascii_digits",
+    "extract_boxed",
+    "grade_math",
+    "normalize_answer",
+    "strip_think",
+]
 
 GRADE_TIMEOUT_S = 4.0
 # Longer boxed contents are compared as strings only: nobody's final answer is this long, and SymPy
@@ -146,6 +159,26 @@ def gold_strings(gold: Any) -> list[str]:
     return []
 
 
+def ascii_digits(s: str) -> str:
+    """Every Unicode decimal digit as its ASCII digit, full-width ASCII forms as ASCII.
+
+    ``٤٢`` (Arabic-Indic), ``۴۲`` (Persian), ``४२`` (Devanagari) and ``４２`` (full-width) become ``42``; full-width
+    ``＋``, ``／``, ``．`` become ``+``, ``/``, ``.``. Superscripts and other compatibility forms are kept (NFKC would
+    make ``x²`` into ``x2``).
+    """
+    if s.isascii():
+        return s
+    out = []
+    for c in s:
+        if "\uff01" <= c <= "\uff5e":  # the full-width block mirrors ASCII 0x21-0x7e
+            out.append(chr(ord(c) - 0xFEE0))
+        elif c.isdecimal():
+            out.append(str(unicodedata.decimal(c)))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
 def grade_math(response: Any, gold: Any) -> bool:
     r"""Whether the last `\boxed{}` answer of `response` (after the last `</think>`) equals `gold`.
 
@@ -163,9 +196,10 @@ def grade_math(response: Any, gold: Any) -> bool:
         if not isinstance(response, str):
             return False
         pred = extract_boxed(strip_think(response))
-        golds = [g for g in gold_strings(gold) if g.strip()]
+        golds = [ascii_digits(g) for g in gold_strings(gold) if g.strip()]
         if pred is None or not pred.strip() or not golds:
             return False
+        pred = ascii_digits(pred)
         npred = normalize_answer(pred)
         if any(npred == normalize_answer(g) for g in golds):
             return True

@@ -10,7 +10,9 @@ only), ``logprobs`` are zeros, ``meta["trainable"]`` is ``False`` and :attr:`Ope
 
 Reliability rules:
 
-* Timeouts and retries are the client's own: ``timeout_s`` per attempt, up to ``max_retries`` retries on
+* ``timeout_s`` bounds each whole attempt (connect, send, the full reply: the client's transport is
+  :class:`mas_envs.deadline_http.DeadlineTransport`, so a server that trickles its reply cannot stretch it).
+  Retries are the client's own: up to ``max_retries`` retries on
   connection errors, timeouts, 408/409/429 and 5xx, with exponential backoff (0.5 s doubling to 8 s, 0-25 %
   jitter) or the server's ``Retry-After`` / ``retry-after-ms`` when it sends one.
 * A server that is still unreachable, timing out or failing after the retries, or that rejects the request
@@ -20,8 +22,11 @@ Reliability rules:
   completion (``meta["error"]`` says why), counted in ``usage["errors"]`` and logged as a warning. Every env
   treats the empty action as an invalid action, so the run goes on and the failure shows in the metrics.
 
-The API key is read from the environment variable named by ``OpenAIOptions.api_key_env`` when the backend is
-built and handed to the client only (which sends it as ``Authorization: Bearer``): it is not in the options,
+The API key is read from the environment variable named by ``OpenAIOptions.api_key_env`` (unset:
+``OPENAI_API_KEY`` for ``https://api.openai.com`` only, no key for any other server) when the backend is built
+and handed to the client only, which sends it as ``Authorization: Bearer`` to ``base_url`` (httpx drops the
+header on a redirect to another host); a key going over plain ``http://`` to a host other than loopback is
+warned about once per backend. It is not in the options,
 the backend's repr, any error or log message of this module (server messages are scrubbed of it), and the
 backend refuses to be pickled.
 """
@@ -47,6 +52,34 @@ __all__ = ["OpenAIBackend", "OpenAIBackendError", "OpenAIOptions"]
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("chat", "completions")
+
+
+def key_env_for(options: OpenAIOptions) -> str | None:
+    """The environment variable whose key is sent to ``options.base_url``: ``api_key_env`` when set, else
+    ``OPENAI_API_KEY`` for ``https://api.openai.com`` and ``None`` (send no key) for any other server."""
+    if options.api_key_env is not None:
+        return options.api_key_env
+    from urllib.parse import urlsplit
+
+    url = urlsplit(str(options.base_url))
+    return "OPENAI_API_KEY" if url.scheme == "https" and url.hostname == "api.openai.com" else None
+
+
+def _private_transport(base_url: str) -> bool:
+    """Whether a request to ``base_url`` stays private: https, or http to a loopback address."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    url = urlsplit(str(base_url))
+    if url.scheme == "https":
+        return True
+    host = url.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class OpenAIBackendError(RuntimeError):
@@ -97,9 +130,10 @@ class OpenAIBackend:
         self.tokenizer = tokenizer
         self.weight_version = 0
         key: str | None = None
-        if options.api_key_env is not None:
-            key = os.environ.get(options.api_key_env) or None
-            if key is None:
+        key_env = key_env_for(options)
+        if key_env is not None:
+            key = os.environ.get(key_env) or None
+            if key is None and options.api_key_env is not None:
                 raise ValueError(
                     f"openai backend for {options.base_url}: environment variable {options.api_key_env!r} "
                     "(api_key_env) is unset or empty; export the API key there, or set api_key_env to null "
@@ -108,11 +142,21 @@ class OpenAIBackend:
         # Without a key the Authorization header is omitted explicitly. The placeholder only satisfies the
         # client's credential check: given no api_key it would pick up OPENAI_API_KEY from the environment and
         # send it to whatever server base_url names.
+        if key is not None and not _private_transport(options.base_url):
+            log.warning(
+                "openai backend: the API key from $%s goes to %s over plain http, readable on the network; "
+                "use https:// for a server beyond this machine",
+                key_env,
+                options.base_url,
+            )
+        from mas_envs.deadline_http import deadline_client
+
         self._client = openai.OpenAI(
             api_key=key or "no-key",
             base_url=options.base_url,
             timeout=float(options.timeout_s),
             max_retries=int(options.max_retries),
+            http_client=deadline_client(float(options.timeout_s)),
         )
         # the client only accepts an omitted Authorization header per request
         self._extra_headers = None if key else {"Authorization": openai.omit}
@@ -322,8 +366,8 @@ class OpenAIBackend:
         except openai.APIStatusError as err:
             status = err.status_code
             hint = {
-                401: f"the API key from ${o.api_key_env} was rejected",
-                403: f"the API key from ${o.api_key_env} may not use this model",
+                401: f"the API key from ${key_env_for(o)} was rejected",
+                403: f"the API key from ${key_env_for(o)} may not use this model",
                 404: "no such model or route: check model and that base_url ends with /v1",
                 429: "rate limited: lower max_concurrency or raise max_retries",
             }.get(status, "the request was refused" if status < 500 else "server error")

@@ -243,7 +243,10 @@ class SGLangHTTPOptions(_SGLangCommon):
         default=None,
     )
     port: int = _help("Port of the server launched when no url is given.", default=30000)
-    timeout: float = _help("Seconds one request may take (generation and weight loading).", default=600.0)
+    timeout: float = _help(
+        "Seconds one whole request may take: connect, send and the full reply (generation, weight loading).",
+        default=300.0,
+    )
     startup_timeout: float | None = _help(
         "Seconds to wait for /health. None = 900 when launching, 60 for a given url.", default=None
     )
@@ -348,7 +351,10 @@ class VLLMHTTPOptions:
         "is always set (the weight-sync RPC needs it).",
         default_factory=dict,
     )
-    timeout: float = _help("Seconds one request may take (generation and weight loading).", default=600.0)
+    timeout: float = _help(
+        "Seconds one whole request may take: connect, send and the full reply (generation, weight loading).",
+        default=300.0,
+    )
     startup_timeout: float | None = _help(
         "Seconds to wait for /health. None = 600 when launching, 60 for a given url.", default=None
     )
@@ -395,12 +401,17 @@ class OpenAIOptions:
         base_url: the server's OpenAI API root, e.g. ``http://127.0.0.1:8000/v1`` or
             ``https://api.openai.com/v1``.
         model: the model name the server serves (the request's ``model`` field).
-        api_key_env: name of the environment variable holding the API key (sent as ``Authorization: Bearer``);
-            ``None`` for a server without authentication (no header is sent).
+        api_key_env: name of the environment variable holding the API key (sent as ``Authorization: Bearer``
+            to ``base_url`` and nowhere else). ``None`` (the default): ``OPENAI_API_KEY`` when ``base_url`` is
+            ``https://api.openai.com``, no key (no header) for any other server, so a key meant for one
+            provider never reaches another server by default. A key sent over plain ``http://`` to a host
+            other than loopback is warned about (it crosses the network in clear text).
         endpoint: ``"chat"`` (``/chat/completions`` with the env's messages; the server applies its template)
             or ``"completions"`` (``/completions`` with the prompt rendered by the group's tokenizer).
-        timeout_s: seconds each attempt may take (connect, send, wait for and read the reply).
-        max_retries: retries after the first attempt on connection errors, timeouts, 429 and 5xx.
+        timeout_s: seconds each attempt may take in all: a deadline over connect, send and reading the whole
+            reply (not per socket read), default 60.
+        max_retries: retries after the first attempt on connection errors, timeouts, 429 and 5xx (default 2):
+            a hung server is reported after at most ``(max_retries + 1) * timeout_s`` plus ~2 s of backoff.
         max_concurrency: most requests of one :meth:`OpenAIBackend.generate` call in flight at once.
 
     Raises:
@@ -411,11 +422,19 @@ class OpenAIOptions:
     base_url: str = _help("Server base URL, e.g. http://localhost:8000/v1 (required).")
     model: str = _help("Model name the server knows (required).")
     api_key_env: str | None = _help(
-        "Environment variable holding the API key. None = send no key.", default="OPENAI_API_KEY"
+        "Environment variable holding the API key, sent to base_url only. None = OPENAI_API_KEY for "
+        "https://api.openai.com, no key for any other server.",
+        default=None,
     )
     endpoint: str = _help("chat (/chat/completions) or completions (/completions).", default="chat")
-    timeout_s: float = _help("Seconds one request may take.", default=60.0)
-    max_retries: int = _help("Retries of a failed request (the openai client's own retry).", default=3)
+    timeout_s: float = _help(
+        "Seconds one attempt may take in all (connect, send, wait, read the whole reply).", default=60.0
+    )
+    max_retries: int = _help(
+        "Retries of a failed attempt (the openai client's own retry); a hung server is reported after "
+        "(max_retries + 1) * timeout_s plus at most ~2 s of backoff.",
+        default=2,
+    )
     max_concurrency: int = _help("Requests in flight at once.", default=8)
 
     def __post_init__(self) -> None:

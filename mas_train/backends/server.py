@@ -8,6 +8,7 @@ adapter sync live in :mod:`mas_train.backends.weight_sync`, the request-side che
 importable from here too.
 
 Nothing here imports torch, httpx or safetensors at module import time.
+The client of :class:`HTTPServerClient` bounds each whole request by ``timeout`` (``mas_envs.deadline_http``).
 """
 
 from __future__ import annotations
@@ -119,15 +120,14 @@ class HTTPServerClient:
         connect_retries: int,
         process: subprocess.Popen | None,
     ) -> None:
-        import httpx
+        from mas_envs.deadline_http import deadline_client
 
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
         self.connect_retries = max(1, int(connect_retries))
         self._owns_client = client is None
-        if client is None:
-            transport = httpx.HTTPTransport(retries=self.connect_retries - 1)
-            client = httpx.Client(base_url=self.url, timeout=self.timeout, transport=transport)
+        if client is None:  # the timeout bounds each whole request, not one socket read
+            client = deadline_client(self.timeout, retries=self.connect_retries - 1, base_url=self.url)
         self.client = client
         self._process = process
 
@@ -178,12 +178,31 @@ class HTTPServerClient:
             raise ConnectionError(
                 f"cannot reach the {self.server_name} server at {self.url}{path} after {self.connect_retries} "
                 f"attempts ({type(e).__name__}: {e}); {self.launch_hint}"
-            ) from e
-        except httpx.TimeoutException as e:
+            ) from None
+        except httpx.TimeoutException:
             raise TimeoutError(
-                f"{self.server_name} {method} {self.url}{path} did not answer within {self.timeout:.0f}s; raise "
-                "backend_options.timeout for long generations"
-            ) from e
+                f"{self.server_name} {method} {self.url}{path} did not send its whole answer within "
+                f"{self.timeout:g} s; raise backend_options.timeout for long generations, or check the server"
+            ) from None
+        except httpx.TransportError as e:  # the connection closed mid-answer, a malformed HTTP reply...
+            raise ConnectionError(
+                f"{self.server_name} {method} {self.url}{path} failed: {type(e).__name__}: {e}; the server closed "
+                "the connection or is not an HTTP server; check its log, or that the URL names it"
+            ) from None
+
+    def _json(self, response: httpx.Response, path: str) -> Any:
+        """The reply's JSON body.
+
+        Raises:
+            RuntimeError: the body is not JSON (one line naming the URL and the start of the body).
+        """
+        try:
+            return response.json()
+        except ValueError:
+            raise RuntimeError(
+                f"{self.server_name} {self.url}{path} answered HTTP {response.status_code} with a body that is "
+                f"not JSON ({response.text[:120]!r}); check that the URL names a {self.server_name} server"
+            ) from None
 
     def _close_http(self) -> None:
         """Close the client (if created here) and stop an owned server process."""

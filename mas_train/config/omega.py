@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -158,6 +159,40 @@ def _translate(err: Exception, where: str) -> ConfigError:
     return ConfigError(f"{path}: {msg}")
 
 
+ENV_INTERPOLATION_VAR = "MAS_RL_CONFIG_ENV"
+"""Set to ``1`` to let config values read environment variables with OmegaConf's ``${oc.env:VAR}``."""
+
+_ENV_RE = re.compile(r"\$\{\s*oc\s*\.\s*env\s*:")
+
+
+def _refuse_env_interpolation(layers: Sequence[Any], where: str) -> None:
+    """Refuse ``${oc.env:...}`` in any value unless ``MAS_RL_CONFIG_ENV=1``.
+
+    A value that reads the environment copies it wherever the config goes (the run folder name, config.yaml,
+    the terminal), and a config file or a downloaded checkpoint's config.yaml could name any secret; so reading
+    the environment is the user's explicit choice on the machine that runs, never the file's.
+    """
+    if os.environ.get(ENV_INTERPOLATION_VAR) == "1":
+        return
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, list | tuple):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, str) and _ENV_RE.search(node):
+            raise ConfigError(
+                f"{path}: {node!r} reads an environment variable (${{oc.env:...}}), which config values may not "
+                f"do unless you set {ENV_INTERPOLATION_VAR}=1 (the value is then written to config.yaml and "
+                "the run folder like any other); give the value itself instead"
+            )
+
+    for layer in layers:
+        walk(layer, where)
+
+
 def build(
     cls: type, layers: Sequence[Any], *, where: str = "", fixup: Callable[[Any], None] | None = None
 ) -> Any:
@@ -174,6 +209,7 @@ def build(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    _refuse_env_interpolation(layers, where)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(cls), *[OmegaConf.create(dict(x)) for x in layers])
         if fixup is not None:

@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from mas_train import lora
+from mas_train.checkpoint import load_state
 from mas_train.grpo.trl_adapter import fused_forward, restore_fused_forward
 from mas_train.grpo.update import GroupGRPOTrainer
 from mas_train.models import hf_progress_bars_off
@@ -156,8 +157,8 @@ def save_trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> dict[str, Any
 
 
 def _loadsave_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: Mapping[str, Any]) -> None:
-    trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
-    trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+    trainer.optimizer.load_state_dict(load_state(folder / "optimizer.pt"))
+    trainer.lr_scheduler.load_state_dict(load_state(folder / "scheduler.pt"))
     trainer.state.global_step = int(state["global_step"])
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from mas_train.checkpoint import load_state
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "Rank",
@@ -233,12 +235,12 @@ class Rank:
         )
         del saved, full
         if optimizer:
-            plain = torch.load(folder / "optimizer.pt", weights_only=False)
+            plain = load_state(folder / "optimizer.pt")
             osd = _optimizer_state_by_name(plain, _param_order(self.model, t.optimizer))
             set_optimizer_state_dict(
                 self.model, t.optimizer, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True)
             )
-            t.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+            t.lr_scheduler.load_state_dict(load_state(folder / "scheduler.pt"))
             t.state.global_step = int(global_step)
 
     def close(self) -> None:

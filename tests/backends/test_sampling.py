@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mas_train.backends.hf import sampling
 from mas_train.backends.base import SamplingParams
-from mas_train.backends.hf import HFBackend
+from mas_train.backends.hf import HFBackend, sampling
 from mas_train.backends.hf.sampling import nucleus_mask, sample_tokens, truncate_logits
 from mas_train.backends.testing import chat_prompt
 

@@ -53,6 +53,9 @@ def run(tmp_path_factory):
     shutil.rmtree(verifier / "model")
     for name in ("optimizer.pt", "scheduler.pt"):
         (verifier / name).unlink()
+    from mas_train.checkpoint import write_manifest
+
+    write_manifest(ckpt)  # a hand-edited checkpoint lists its files again, or it reads as incomplete
     return ckpt, model.get_parameter(NORM).detach().clone()
 
 

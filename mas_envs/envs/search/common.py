@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -186,8 +186,38 @@ def score_answer(answer: str | None, task: dict[str, Any]) -> tuple[float, float
     return exact_match(answer, golds), f1_score(answer, golds)
 
 
+RETRIEVER_OPTIONS = ("urls", "url", "timeout", "max_retries", "backoff", "token_env")
+"""Keys of a mapping ``retriever`` argument (a retrieval server with client options)."""
+
+
+def _url_spec(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]]:
+    """``{"urls"|"url": ..., "timeout": s, "max_retries": n, "backoff": s}`` as a hashable key.
+
+    Raises:
+        TypeError: unknown keys, no URL, or a URL that is not ``http(s)://``.
+    """
+    unknown = sorted(set(spec) - set(RETRIEVER_OPTIONS))
+    if unknown:
+        raise TypeError(f"retriever options {unknown} are unknown; the keys are {list(RETRIEVER_OPTIONS)}")
+    urls = spec.get("urls", spec.get("url"))
+    urls = (urls,) if isinstance(urls, str) else tuple(urls or ())
+    if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+        raise TypeError(f"a retriever mapping needs urls: one or more http(s):// URLs, got {urls!r}")
+    options = tuple(sorted((k, spec[k]) for k in ("timeout", "max_retries", "backoff") if k in spec))
+    if spec.get("token_env"):  # the name travels in configs; the token is read here, on the machine that runs
+        import os
+
+        token = os.environ.get(str(spec["token_env"])) or None
+        if token is None:
+            raise TypeError(
+                f"retriever token_env {spec['token_env']!r}: that environment variable is unset or empty"
+            )
+        options += (("token", token),)
+    return urls, options
+
+
 @functools.lru_cache(maxsize=8)
-def _cached_retriever(spec: str | tuple[str, ...]) -> Retriever:
+def _cached_retriever(spec: str | tuple[str, ...], options: tuple[tuple[str, Any], ...] = ()) -> Retriever:
     if spec == "default":
         from retrieval_index.bundled import default_retriever
 
@@ -196,7 +226,7 @@ def _cached_retriever(spec: str | tuple[str, ...]) -> Retriever:
     if all(u.startswith(("http://", "https://")) for u in urls):
         from retrieval_index.client import RemoteRetriever
 
-        return RemoteRetriever(list(urls))
+        return RemoteRetriever(list(urls), **dict(options))
     if isinstance(spec, str):
         from retrieval_index.index import Retriever as FaissRetriever
 
@@ -208,12 +238,19 @@ def resolve_retriever(retriever: Retriever | str | Sequence[str] | None) -> Retr
     """Turn the env's ``retriever`` argument into an object with ``search``.
 
     ``None`` → the bundled HotpotQA index (:func:`retrieval_index.default_retriever`); a URL or list of URLs →
-    :class:`retrieval_index.RemoteRetriever`; another string → an index directory for
+    :class:`retrieval_index.RemoteRetriever` with its defaults (10 s per attempt, 1 retry); a mapping
+    ``{urls: URL or [URLs], timeout: s, max_retries: n, backoff: s, token_env: VAR}`` → the same with those
+    client options (``token_env``: the environment variable holding the server's bearer token; a
+    hung server fails a search after ``(max_retries + 1) * len(urls) * timeout`` plus the backoff, and the
+    search becomes one ``Search error: RetrieverUnavailableError: ...`` observation naming each URL); another
+    string → an index directory for
     :meth:`retrieval_index.Retriever.load`; anything with a ``search`` method is used as is. String specs are
     resolved once per process and shared, so envs built from plain-data kwargs (YAML) stay picklable.
     """
     if retriever is None:
         return _cached_retriever("default")
+    if isinstance(retriever, Mapping):
+        return _cached_retriever(*_url_spec(retriever))
     if isinstance(retriever, str):
         return _cached_retriever(retriever)
     if isinstance(retriever, Sequence) and all(isinstance(u, str) for u in retriever):
@@ -226,6 +263,9 @@ def resolve_retriever(retriever: Retriever | str | Sequence[str] | None) -> Retr
 def check_retriever_arg(retriever: Any) -> None:
     """Raise ``TypeError`` at construction for a ``retriever`` argument :func:`resolve_retriever` cannot use."""
     if retriever is None or isinstance(retriever, str):
+        return
+    if isinstance(retriever, Mapping):
+        _url_spec(retriever)
         return
     if isinstance(retriever, Sequence) and retriever and all(isinstance(u, str) for u in retriever):
         return

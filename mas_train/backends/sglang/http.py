@@ -38,7 +38,8 @@ class SGLangHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         tokenizer: the model group's tokenizer; used to cut completions at stop strings defensively.
         client: an ``httpx.Client`` to use (tests pass a ``fastapi.testclient.TestClient``); default: a new
             client for ``url``.
-        timeout: seconds to wait for one request (generation and weight loading can take minutes).
+        timeout: seconds one whole request may take (connect, send, the full reply; generation and weight
+            loading can take minutes), default 300.
         connect_retries: attempts when the server cannot be reached, done by the client's transport
             (``httpx.HTTPTransport(retries=connect_retries - 1)``: only connection failures are retried, with
             httpcore's exponential backoff, so a request that reached the server is never repeated). A client
@@ -67,7 +68,7 @@ class SGLangHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         *,
         tokenizer: Any = None,
         client: httpx.Client | None = None,
-        timeout: float = 600.0,
+        timeout: float = 300.0,
         connect_retries: int = 5,
         weight_dir: str | os.PathLike | None = None,
         model_config: Any = None,
@@ -155,7 +156,9 @@ class SGLangHTTPBackend(LoRAAdapterSync, HTTPServerClient):
     def _post_ok(self, path: str, payload: Any, what: str) -> httpx.Response:
         r = self._request("POST", path, payload)
         if r.status_code >= 400:
-            raise RuntimeError(f"SGLang {what} failed: HTTP {r.status_code} from {path}: {r.text[:2000]}")
+            raise RuntimeError(
+                f"SGLang {what} failed: HTTP {r.status_code} from {self.url}{path}: {r.text[:2000]}"
+            )
         try:
             body = r.json() if r.content else None
         except ValueError:
@@ -190,8 +193,8 @@ class SGLangHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         }
         r = self._request("POST", "/generate", payload)
         if r.status_code >= 400:
-            raise RuntimeError(f"SGLang /generate failed: HTTP {r.status_code}: {r.text[:2000]}")
-        outs = r.json()
+            raise RuntimeError(f"SGLang {self.url}/generate failed: HTTP {r.status_code}: {r.text[:2000]}")
+        outs = self._json(r, "/generate")
         if isinstance(outs, Mapping):
             if "error" in outs:
                 raise RuntimeError(f"SGLang /generate error: {outs['error']}")

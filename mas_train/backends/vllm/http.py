@@ -38,7 +38,7 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         url: server base URL, e.g. ``http://127.0.0.1:8000`` (no ``/v1``).
         tokenizer: the model group's tokenizer (EOS id and the defensive stop-string cut).
         client: an ``httpx.Client`` to use; default a new one for ``url`` with ``connect_retries``.
-        timeout: seconds one request may take.
+        timeout: seconds one whole request may take (connect, send, the full reply), default 300.
         connect_retries: attempts when the server cannot be reached (httpx transport retries).
         sync_dir: folder the server can read; each weight sync writes ``<sync_dir>/mas_vllm_sync_*/v<N>`` there
             (a RAM disk such as ``/dev/shm`` keeps the write and the reload off the disk) and deletes it once
@@ -67,7 +67,7 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         *,
         tokenizer: Any = None,
         client: httpx.Client | None = None,
-        timeout: float = 600.0,
+        timeout: float = 300.0,
         connect_retries: int = 5,
         sync_dir: str | os.PathLike | None = None,
         model_config: Any = None,
@@ -159,14 +159,23 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         if self._served_model is None:
             r = self._request("GET", "/v1/models")
             if r.status_code != 200:
-                raise RuntimeError(f"vLLM GET /v1/models failed: HTTP {r.status_code}: {r.text[:500]}")
-            self._served_model = str(r.json()["data"][0]["id"])
+                raise RuntimeError(
+                    f"vLLM GET {self.url}/v1/models failed: HTTP {r.status_code}: {r.text[:500]}"
+                )
+            try:
+                self._served_model = str(self._json(r, "/v1/models")["data"][0]["id"])
+            except (KeyError, IndexError, TypeError) as err:
+                raise RuntimeError(
+                    f"vLLM {self.url}/v1/models answered an unexpected shape ({err!r}); is it a vLLM server?"
+                ) from None
         return self._served_model
 
     def _post_ok(self, path: str, payload: Any, what: str) -> httpx.Response:
         r = self._request("POST", path, payload)
         if r.status_code >= 400:
-            raise RuntimeError(f"vLLM {what} failed: HTTP {r.status_code} from {path}: {r.text[:2000]}")
+            raise RuntimeError(
+                f"vLLM {what} failed: HTTP {r.status_code} from {self.url}{path}: {r.text[:2000]}"
+            )
         return r
 
     # -- GenerationBackend -------------------------------------------------------------------------------
@@ -203,7 +212,13 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
             sp, idx = item
             payload = {"model": model, "prompt": [prompts[i] for i in idx], **to_vllm_request(sp)}
             r = self._post_ok("/v1/completions", payload, "/v1/completions")
-            choices = sorted(r.json().get("choices", []), key=lambda c: c["index"])
+            body = self._json(r, "/v1/completions")
+            try:
+                choices = sorted(body.get("choices", []), key=lambda c: c["index"])
+            except (AttributeError, KeyError, TypeError) as err:
+                raise RuntimeError(
+                    f"vLLM {self.url}/v1/completions answered an unexpected shape ({err!r}): {str(body)[:120]}"
+                ) from None
             if len(choices) != len(idx):
                 raise RuntimeError(f"vLLM returned {len(choices)} choices for {len(idx)} prompts")
             return [
