@@ -170,10 +170,13 @@ class DeadlineTransport(httpx.BaseTransport):
         )
         with _as_httpx(request):
             resp = self._pool.handle_request(req)
+        stream = resp.stream
+        # a synchronous connection pool answers with a synchronous body
+        assert isinstance(stream, Iterable), "httpcore's sync pool returned an async body"
         return httpx.Response(
             status_code=resp.status,
             headers=resp.headers,
-            stream=_Body(resp.stream, deadline, request),
+            stream=_Body(stream, deadline, request),
             extensions=resp.extensions,
         )
 

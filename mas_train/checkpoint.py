@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import random
 import re
 import shutil
@@ -49,6 +48,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from mas_train.safe_load import UnsafeCheckpointError, check_checkpoint_files, load_state
 
 __all__ = [
     "CHECKPOINTS",
@@ -77,95 +78,8 @@ _LEFTOVER_RE = re.compile(r"^(step-\d+)\.(tmp|old)-(\d+)$")
 MANIFEST = "manifest.json"
 
 
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file holds something other than tensors and plain data; it was not loaded."""
-
-
 class IncompleteCheckpointWarning(UserWarning):
     """The newest checkpoint folder of a run is incomplete; an older complete one is used."""
-
-
-def _numpy_rng_globals() -> list[Any]:
-    """What unpickling NumPy's legacy RNG state (``np.random.get_state()``: a uint32 key array) needs."""
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct
-    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
-_NUMPY_RNG_NAMES = frozenset(
-    {
-        "numpy.dtype",
-        "numpy.ndarray",
-        "numpy._core.multiarray._reconstruct",
-        "numpy.core.multiarray._reconstruct",
-        "numpy.dtypes.UInt32DType",
-    }
-)
-
-
-def check_checkpoint_files(folder: str | Path) -> None:
-    """Scan every ``.pt`` file under a checkpoint folder for objects :func:`load_state` would refuse, without
-    loading or running anything (``torch.serialization.get_unsafe_globals_in_checkpoint`` reads the pickle
-    opcodes only). Run before any model is loaded, so a planted file stops a resume at once.
-
-    Raises:
-        UnsafeCheckpointError: a file names a function or class outside the allow-list (one line: the file
-            and the first names).
-    """
-    from torch.serialization import get_unsafe_globals_in_checkpoint
-
-    for path in sorted(Path(folder).rglob("*.pt")):
-        try:
-            names = set(get_unsafe_globals_in_checkpoint(path)) - _NUMPY_RNG_NAMES
-        except Exception as err:  # noqa: BLE001 - any file torch cannot even scan is unusable
-            raise UnsafeCheckpointError(
-                f"cannot read {path} as a checkpoint file ({type(err).__name__}: {str(err)[:200]}); it is "
-                "damaged or not written by mas-rl: resume from another checkpoint"
-            ) from None
-        if names:
-            shown = ", ".join(sorted(names)[:3])
-            raise UnsafeCheckpointError(
-                f"refusing to load {path}: it would build objects other than tensors and plain data ({shown}); "
-                "mas-rl never writes such a file, so it was altered or made elsewhere. Nothing from it was "
-                "run; resume only from checkpoints you trust, or delete this checkpoint"
-            )
-
-
-def load_state(path: str | Path) -> Any:
-    """Read one ``.pt`` file of a checkpoint without running code from it.
-
-    ``torch.load(path, weights_only=True)``: tensors (on the device they were saved from), Python numbers,
-    strings, ``None``, lists, tuples, dicts, ``torch.Size`` and NumPy uint32 arrays (older checkpoints keep
-    NumPy's RNG key so). Optimizer, scheduler and driver states written by mas-rl are only these.
-
-    Raises:
-        FileNotFoundError: no such file.
-        UnsafeCheckpointError: the file would build any other object (what a planted pickle needs to run
-            code), or is not a torch file; one line naming the file and what to do. Nothing from it ran.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file {path} does not exist")
-    try:
-        with torch.serialization.safe_globals(_numpy_rng_globals()):
-            return torch.load(path, weights_only=True)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()
-        detail = next(
-            (ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0] if first else ""
-        )
-        raise UnsafeCheckpointError(
-            f"refusing to load {path}: it holds objects other than tensors and plain data ({detail[:200]}); "
-            "mas-rl never writes such a file, so it was altered or made elsewhere. Nothing from it was run; "
-            "resume only from checkpoints you trust, or delete this one"
-        ) from None
-    except (RuntimeError, EOFError, OSError) as err:  # a truncated or foreign file
-        raise UnsafeCheckpointError(
-            f"cannot read {path} as a checkpoint file ({type(err).__name__}: {str(err)[:200]}); it is damaged "
-            "or not written by mas-rl: resume from another checkpoint"
-        ) from None
 
 
 def save_checkpoint(
@@ -447,8 +361,9 @@ def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
 def rng_state() -> dict[str, Any]:
     """Python, NumPy and torch RNG states (for checkpoints), as tensors and plain data only: NumPy's key array
     (uint32) travels as an int64 tensor so :func:`load_state` needs no NumPy unpickling."""
-    name, key, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = (str(name), torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    key_array = np.asarray(key, dtype=np.int64)
+    numpy_state = (str(name), torch.from_numpy(key_array), int(pos), int(has_gauss), float(gauss))
     state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()

@@ -1,7 +1,7 @@
 """Command-line entry points: ``mas-train`` and ``mas-eval``. They parse arguments and call the library.
 
 ``mas-train --env math-2agent`` trains with the embedded CPU defaults (``mas_train.config``);
-``mas-train --help`` lists every setting. The run itself is :func:`mas_train.trainer.train`.
+``mas-train --help`` lists every setting. The run itself is :func:`mas_train.run.train`.
 ``mas-eval`` scores a checkpoint, a run's initial weights (``--initial``) or any model with avg@k / pass@k per
 data source, on the same evaluation path as training (:mod:`mas_train.eval`); ``--model_groups.<group>.*`` /
 ``--agents.<agent>.model`` give single groups another source over the run's (e.g. the verifier on an
@@ -32,8 +32,8 @@ __all__ = ["eval_main", "run_eval", "run_training", "train_main"]
 
 
 def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
-    """Train ``cfg``; the same as :func:`mas_train.trainer.train` (kept as the CLI module's name for it)."""
-    from mas_train.trainer import train
+    """Train ``cfg``; the same as :func:`mas_train.run.train` (kept as the CLI module's name for it)."""
+    from mas_train.run import train
 
     return train(cfg, progress=progress, out=out)
 

@@ -66,7 +66,7 @@ def run_command(prog: str, argv: list[str], body: Callable[[list[str]], Any]) ->
             print(f"{prog}: (run with --debug for the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
-        # mas_train.trainer.RunInterrupted carries the run folder and its newest checkpoint
+        # mas_train.run.RunInterrupted carries the run folder and its newest checkpoint
         run_dir, ckpt = getattr(err, "run_dir", None), getattr(err, "checkpoint", None)
         if prog == "mas-train" and run_dir is not None:
             if ckpt is not None:

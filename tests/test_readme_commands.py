@@ -92,7 +92,7 @@ def test_readme_command_runs(cmd, runs_dir, capsys):
         assert capsys.readouterr().out.strip()
         return
     from mas_train.config import parse_args
-    from mas_train.trainer import train
+    from mas_train.run import train
 
     cfg = _tiny(parse_args([*args, *SHRINK, "--output_dir", str(runs_dir)]))
     summary = train(cfg, progress=False)

@@ -26,9 +26,8 @@ The API key is read from the environment variable named by ``OpenAIOptions.api_k
 ``OPENAI_API_KEY`` for ``https://api.openai.com`` only, no key for any other server) when the backend is built
 and handed to the client only, which sends it as ``Authorization: Bearer`` to ``base_url`` (httpx drops the
 header on a redirect to another host); a key going over plain ``http://`` to a host other than loopback is
-warned about once per backend. It is not in the options,
-the backend's repr, any error or log message of this module (server messages are scrubbed of it), and the
-backend refuses to be pickled.
+warned about once per backend. It is not in the options, the backend's repr, any error or log message of this
+module (server messages are scrubbed of it), and the backend refuses to be pickled.
 """
 
 from __future__ import annotations
@@ -40,11 +39,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
-
 if TYPE_CHECKING:
     import torch
 
+from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
+from mas_train.backends.endpoint_keys import key_env_for, private_transport
 from mas_train.backends.options import OpenAIOptions
 
 __all__ = ["OpenAIBackend", "OpenAIBackendError", "OpenAIOptions"]
@@ -52,34 +51,6 @@ __all__ = ["OpenAIBackend", "OpenAIBackendError", "OpenAIOptions"]
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("chat", "completions")
-
-
-def key_env_for(options: OpenAIOptions) -> str | None:
-    """The environment variable whose key is sent to ``options.base_url``: ``api_key_env`` when set, else
-    ``OPENAI_API_KEY`` for ``https://api.openai.com`` and ``None`` (send no key) for any other server."""
-    if options.api_key_env is not None:
-        return options.api_key_env
-    from urllib.parse import urlsplit
-
-    url = urlsplit(str(options.base_url))
-    return "OPENAI_API_KEY" if url.scheme == "https" and url.hostname == "api.openai.com" else None
-
-
-def _private_transport(base_url: str) -> bool:
-    """Whether a request to ``base_url`` stays private: https, or http to a loopback address."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    url = urlsplit(str(base_url))
-    if url.scheme == "https":
-        return True
-    host = url.hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class OpenAIBackendError(RuntimeError):
@@ -142,7 +113,7 @@ class OpenAIBackend:
         # Without a key the Authorization header is omitted explicitly. The placeholder only satisfies the
         # client's credential check: given no api_key it would pick up OPENAI_API_KEY from the environment and
         # send it to whatever server base_url names.
-        if key is not None and not _private_transport(options.base_url):
+        if key is not None and not private_transport(options.base_url):
             log.warning(
                 "openai backend: the API key from $%s goes to %s over plain http, readable on the network; "
                 "use https:// for a server beyond this machine",
@@ -217,8 +188,7 @@ class OpenAIBackend:
             ValueError: ``endpoint="chat"`` (use :meth:`generate_messages`), an empty prompt, or
                 ``len(sampling) != N``.
             OpenAIBackendError: the endpoint is unreachable, times out, fails or rejects a request after the
-                client's retries.
-            RuntimeError: the backend is closed.
+                client's retries. RuntimeError: the backend is closed.
         """
         if self.options.endpoint != "completions":
             raise ValueError(

@@ -6,9 +6,8 @@ of the group's backend kind when the config is built (unknown option: an error w
 :func:`mas_train.backends.make_backend` hands the instance to the backend's factory.
 
 This module imports nothing heavy (no torch, httpx, sglang or openai), so a config can be checked on a machine
-without the backend's packages.
-
-Raises (every ``__post_init__``): ``ValueError`` with the option name and the allowed values.
+without the backend's packages. Raises (every ``__post_init__``): ``ValueError`` with the option name and the
+allowed values.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ __all__ = [
 ]
 
 
-def _help(text: str, **kw: Any) -> Any:
+def _help(text: str, **kw: Any) -> Any:  # a field whose help text is its documentation
     return field(metadata={"help": text}, **kw)
 
 
@@ -270,11 +269,7 @@ class SGLangHTTPOptions(_SGLangCommon):
 
 def _check_http_client(o: Any) -> None:
     """The checks every server-backed options class shares: ``url``, ``timeout``, ``startup_timeout``,
-    ``connect_retries``.
-
-    Raises:
-        ValueError: the first bad field, named.
-    """
+    ``connect_retries``. Raises ``ValueError`` naming the first bad field."""
     if o.url is not None and not o.url.startswith(("http://", "https://")):
         raise ValueError(f"url must start with http:// or https://, got {o.url!r}")
     if o.timeout <= 0:

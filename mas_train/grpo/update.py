@@ -309,12 +309,12 @@ class GroupGRPOTrainer(TRLGRPO):
             for (agent, inp0), weight in zip(prepared, weights, strict=True):
                 inp = dict(inp0)
                 if agent != current:
-                    if current in prefixes:  # the last agent's prefix gets its accumulated gradient
+                    if current is not None and current in prefixes:  # the last agent's prefix: its gradient
                         prefixes[current].backward()
                     if agent_grad_norms:
                         acc = self._fold_agent_grad(params, acc, current, agent_norms)
                     current = agent
-                    self._prefix = prefixes.get(agent)
+                    self._prefix = prefixes.get(agent) if agent is not None else None
                 if use_is and not need_old:
                     self._is_ctx = inp
                 try:

@@ -197,7 +197,7 @@ class RayPool:
         if not self._atexit:
             # a weak reference: the exit hook must not keep a finished pool (and its actors) alive
             ref = weakref.ref(self)
-            atexit.register(lambda: ref() is not None and ref().shutdown())
+            atexit.register(lambda: (pool := ref()) is not None and pool.shutdown())
             self._atexit = True
         try:
             self._place(ray, placement_group)

@@ -207,10 +207,10 @@ class Rank:
             self.model, t.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
         if self.rank == 0:
-            folder = Path(folder)
+            out = Path(folder)
             order = _param_order(self.model, t.optimizer)
-            torch.save(optimizer_state_by_index(osd, order), folder / "optimizer.pt")
-            torch.save(t.lr_scheduler.state_dict(), folder / "scheduler.pt")
+            torch.save(optimizer_state_by_index(osd, order), out / "optimizer.pt")
+            torch.save(t.lr_scheduler.state_dict(), out / "scheduler.pt")
         return int(t.state.global_step)
 
     def load(self, folder: str, optimizer: bool, global_step: int) -> None:
@@ -221,9 +221,9 @@ class Rank:
         )
         from transformers import AutoModelForCausalLM
 
-        folder = Path(folder)
+        src = Path(folder)
         t = self.trainer
-        saved = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=self.model.dtype)
+        saved = AutoModelForCausalLM.from_pretrained(src / "model", dtype=self.model.dtype)
         full = saved.state_dict()
         if "lm_head.weight" not in full or getattr(saved.config, "tie_word_embeddings", False):
             full["lm_head.weight"] = full["model.embed_tokens.weight"]
@@ -235,12 +235,12 @@ class Rank:
         )
         del saved, full
         if optimizer:
-            plain = load_state(folder / "optimizer.pt")
+            plain = load_state(src / "optimizer.pt")
             osd = _optimizer_state_by_name(plain, _param_order(self.model, t.optimizer))
             set_optimizer_state_dict(
                 self.model, t.optimizer, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True)
             )
-            t.lr_scheduler.load_state_dict(load_state(folder / "scheduler.pt"))
+            t.lr_scheduler.load_state_dict(load_state(src / "scheduler.pt"))
             t.state.global_step = int(global_step)
 
     def close(self) -> None:

@@ -69,9 +69,9 @@ _RESERVED = ("--advantage_mode", "--seed", "--output_dir", "--run_name", "--resu
 
 # -- training side ---------------------------------------------------------------------------------------------
 def train_one(cfg) -> dict[str, Any]:
-    """Train one configuration to ``max_steps`` (:func:`mas_train.trainer.train`); returns its summary (with
+    """Train one configuration to ``max_steps`` (:func:`mas_train.run.train`); returns its summary (with
     ``run_dir``)."""
-    from mas_train.trainer import train
+    from mas_train.run import train
 
     return train(cfg, progress=False)
 

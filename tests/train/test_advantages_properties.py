@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mas_train.advantages import MODES, SCOPES, compute_advantages_with_stats, lemma_factors
+from mas_train.advantages import MODES, SCOPES, compute_advantages_with_stats
+from mas_train.lemma_stats import lemma_factors
 
 SCORES = (0.0, 1.0, 0.5, -0.1, 0.9, 0.25, 2.0)
 AGENTS = ("solver", "verifier", "answerer")

@@ -191,7 +191,7 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(capsys, tmp_path):
 def test_status_lines_go_through_the_bar_and_library_bars_stay_quiet(capfd, tmp_path, monkeypatch):
     import io
 
-    import mas_train.trainer as trainer
+    import mas_train.run as trainer
 
     monkeypatch.setattr(trainer, "_is_terminal", lambda stream: True)  # the live bar of a terminal
 

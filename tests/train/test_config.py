@@ -459,7 +459,7 @@ def test_openai_backend_samples_only():
     g = parse_args([*base, "--trainable", "false"]).resolve(AGENTS).model_groups["shared"]
     assert g.backend_options == OpenAIOptions(base_url="http://localhost:8000/v1", model="qwen")
     assert (g.backend_options.api_key_env, g.backend_options.endpoint, g.backend_options.max_concurrency) == (
-        None,  # no key for a server other than api.openai.com (mas_train.backends.openai.key_env_for)
+        None,  # no key for a server other than api.openai.com (mas_train.backends.endpoint_keys.key_env_for)
         "chat",
         8,
     )

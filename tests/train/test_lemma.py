@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mas_train.advantages import compute_advantages, lemma_factors, lemma_metrics
+from mas_train.advantages import compute_advantages
+from mas_train.lemma_stats import lemma_factors, lemma_metrics
 from mas_train.tools.lemma import Kind, LemmaSetup, measure, predict, sweep_setup
 
 # Three task groups; no penalties, so a turn's score is its trajectory's R.

@@ -38,7 +38,7 @@ def run(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from mas_train.config import parse_args
-    from mas_train.trainer import train
+    from mas_train.run import train
 
     out = tmp_path_factory.mktemp("mixeval")
     summary = train(parse_args([*TRAIN, "--output_dir", str(out)]), progress=False)

@@ -12,13 +12,13 @@ import torch
 
 from mas_train import models
 from mas_train.models import (
-    QWEN_CHAT_TEMPLATE,
     build_qwen_tokenizer,
     build_tiny_qwen3,
     cache_dir,
     load_model_and_tokenizer,
     resolve_model_path,
 )
+from mas_train.tiny_models import QWEN_CHAT_TEMPLATE
 
 
 def test_cache_dir_precedence(monkeypatch, tmp_path):

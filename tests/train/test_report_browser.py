@@ -4,7 +4,7 @@ Set-up: ``scripts/setup_browser.sh`` (Debian's ``chromium`` and playwright's Pyt
 through ``executable_path``: no browser download). Run: ``pytest -m browser``; ``$MAS_CHROMIUM`` names another
 browser binary, ``$MAS_BROWSER_SHOTS`` a folder to keep the screenshots in.
 
-The run is ``mas_train.trainer.train`` (the body of ``mas-train``) on the tiny Qwen3 model with the parity env of
+The run is ``mas_train.run.train`` (the body of ``mas-train``) on the tiny Qwen3 model with the parity env of
 the trainer tests, whose reward is a checksum of the solver's text: a random-weight model gets successes and
 failures, so the outcome filters and the step-0/last comparison have both to show.
 """
@@ -40,7 +40,7 @@ def run_dir(tmp_path_factory, tiny_qwen3_path):
     from _train_fakes import PARITY_TASKS, make_parity_env
 
     from mas_train.config import TrainConfig
-    from mas_train.trainer import train
+    from mas_train.run import train
 
     tmp = tmp_path_factory.mktemp("browser-run")
     held_out = [

@@ -84,7 +84,7 @@ def test_a_run_killed_during_its_final_evaluation_resumes_into_it(tmp_path, monk
 
 
 def test_ctrl_c_before_the_first_checkpoint_and_the_openai_start_up_line(tmp_path, monkeypatch, capsys):
-    import mas_train.trainer as trainer
+    import mas_train.run as trainer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

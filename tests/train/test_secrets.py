@@ -59,7 +59,8 @@ def test_openai_api_key_is_not_sent_to_another_server_by_default(
     server, monkeypatch, tiny_model_and_tokenizer
 ):
     pytest.importorskip("openai")
-    from mas_train.backends.openai import OpenAIBackend, OpenAIOptions, key_env_for
+    from mas_train.backends.endpoint_keys import key_env_for
+    from mas_train.backends.openai import OpenAIBackend, OpenAIOptions
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-real-openai-key-123")
     backend = OpenAIBackend(OpenAIOptions(base_url=server.base_url, model="m"), tiny_model_and_tokenizer[1])
