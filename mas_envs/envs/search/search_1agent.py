@@ -32,13 +32,14 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 
 from .common import (
     NotesAfterActionMixin,
-    RetrievalErrorsMixin,
+    SearchMetricsMixin,
     check_retriever_arg,
     golden_answers_of,
     information_block,
     parse_action,
     score_answer,
 )
+from .prompts import check_prompt_style, fewshot_1agent_messages
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchOneAgentEnv", "env", "raw_env"]
@@ -58,7 +59,7 @@ _FORMAT_REMINDER = (
 )
 
 
-class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv):
+class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
     """Single-agent think → search | answer loop (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -83,6 +84,7 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         retriever: Retriever | str | Sequence[str] | None = None,
         topk: int = 3,
         max_turns: int = 4,
+        prompt_style: str = "paper",
         tasks: Sequence[dict[str, Any]] | str | None = None,
         invalid_action_penalty: float | None = None,
         render_mode: str | None = None,
@@ -90,6 +92,7 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         check_retriever_arg(retriever)
+        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(
             tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
@@ -125,14 +128,16 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
     def episode_outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.task)
         self.infos[AGENT].update({"f1": f1, "answer": self.answer, "num_searches": self.num_searches})
-        return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
+        return Outcome(team_reward=em, success=em == 1.0, metrics=self.search_metrics(self.answer))
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        turn = len(self.steps) // 2 + 1
+        last = self.max_turns is not None and turn >= self.max_turns
+        if self.prompt_style == "fewshot":
+            return fewshot_1agent_messages(self.task["question"], self.steps, last)
         parts = [f"Question: {self.task['question']}"]
         if self.steps:
             parts.append("Your turns so far:\n" + "\n".join(self.steps))
-        turn = len(self.steps) // 2 + 1
-        last = self.max_turns is not None and turn >= self.max_turns
         parts.append(
             f"This is turn {turn} of {self.max_turns}."
             + (" It is your last turn: answer now with <answer>...</answer>." if last else "")

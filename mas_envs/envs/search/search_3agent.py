@@ -54,7 +54,7 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 
 from .common import (
     NotesAfterActionMixin,
-    RetrievalErrorsMixin,
+    SearchMetricsMixin,
     check_retriever_arg,
     clip_query,
     first_block,
@@ -63,6 +63,7 @@ from .common import (
     parse_action,
     score_answer,
 )
+from .prompts import check_prompt_style, fewshot_3agent_messages, render_history
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
@@ -94,17 +95,7 @@ SYSTEM_PROMPTS = {
 }
 
 
-def render_history(history: Sequence[tuple[str, str]]) -> str:
-    """Past searches as the agents see them: ``Turn n: <search>q</search>`` then the information block."""
-    if not history:
-        return "Search history: none yet."
-    lines = ["Search history:"]
-    for n, (query, info) in enumerate(history, start=1):
-        lines.append(f"Turn {n}: <search>{query}</search>\n{info}")
-    return "\n".join(lines)
-
-
-class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv):
+class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
     """Verifier → searcher | answerer multi-turn search QA (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -136,6 +127,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         topk: int = 3,
         max_turns: int = 4,
         last_turn: str = "answer",
+        prompt_style: str = "paper",
         tasks: Sequence[dict[str, Any]] | str | None = None,
         invalid_action_penalty: float | None = None,
         render_mode: str | None = None,
@@ -147,6 +139,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if last_turn not in ("answer", "verify"):
             raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
+        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(
             tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
@@ -165,6 +158,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         self.history: list[tuple[str, str]] = []
         self.verifier_reply: str | None = None
         self.answer: str | None = None
+        self.verdicts: list[tuple[bool, bool]] = []  # (said yes, the evidence so far held the answer)
         return self._turn_opener()
 
     def _turn_opener(self) -> str:
@@ -177,6 +171,8 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
             verdict = first_block(action, "verify")
             verdict = verdict.lower() if verdict is not None else None
             invalid = verdict not in ("yes", "no")
+            if not invalid:
+                self.verdicts.append((verdict == "yes", self.evidence_has_answer()))
             if verdict == "no":
                 if self.search_turn >= self.turn_limit:
                     return Transition(invalid=False, next_agent=None)  # last_turn="verify": no answer
@@ -207,10 +203,16 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
             self.infos[a].update(
                 {"f1": f1, "answer": self.answer, "num_searches": sum(1 for q, _ in self.history if q)}
             )
-        return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
+        metrics = self.search_metrics(self.answer)
+        if self.verdicts:
+            metrics["verifier_accuracy"] = sum(y == ok for y, ok in self.verdicts) / len(self.verdicts)
+            metrics["verifier_yes_rate"] = sum(y for y, _ in self.verdicts) / len(self.verdicts)
+        return Outcome(team_reward=em, success=em == 1.0, metrics=metrics)
 
     # --- prompts -----------------------------------------------------------------------------------------
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        if self.prompt_style == "fewshot":
+            return fewshot_3agent_messages(agent, self.task["question"], self.history)
         parts = [f"Question: {self.task['question']}", render_history(self.history)]
         if agent == SEARCHER and self.verifier_reply is not None:
             parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
