@@ -19,9 +19,10 @@ Parameters (all optional): ``seed`` (0), ``people`` (200), ``cities`` (24), ``co
 (``train`` or ``dev``; tasks only). The corpus depends on ``seed``, ``people``, ``cities`` and ``countries``
 only, so the train and dev questions of one world share one corpus and one index.
 
-World: every person was born in one city and has one job; every city lies in one country. Passages::
+World: every person was born in one city; every city lies in one country. Passages (one sentence each, so a
+search of two passages costs about 50 prompt tokens)::
 
-    title "<person>"   "<person> was born in <city>. <person> works as a <job>."
+    title "<person>"   "<person> was born in <city>."
     title "<city>"     "<city> is a city in <country>."
 
 Questions: one per person. 1-hop ``Where was <person> born?`` (answer: the city, in the person's passage);
@@ -73,7 +74,6 @@ SPLITS = ("train", "dev")
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "tr")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")
 _CODAS = ("", "", "n", "r", "l", "s", "th", "m")
-JOBS = ("baker", "painter", "farmer", "teacher", "doctor", "sailor", "writer", "builder", "singer", "miner")
 
 
 def is_multihop_spec(source: object) -> bool:
@@ -120,12 +120,12 @@ class World:
     """A generated world (see the module docstring); every list is in corpus order.
 
     Attributes:
-        people: ``(name, city index, job)`` per person.
+        people: ``(name, city index)`` per person.
         cities: ``(name, country index)`` per city.
         countries: country names.
     """
 
-    people: tuple[tuple[str, int, str], ...]
+    people: tuple[tuple[str, int], ...]
     cities: tuple[tuple[str, int], ...]
     countries: tuple[str, ...]
 
@@ -133,9 +133,8 @@ class World:
         """Corpus rows ``{"id", "title", "text", "contents"}``: people first (id ``p<i>``), then cities
         (``c<i>``); ``contents`` is FlashRAG's ``'"<title>"\\n<text>'``."""
         rows = []
-        for i, (name, city, job) in enumerate(self.people):
-            text = f"{name} was born in {self.cities[city][0]}. {name} works as a {job}."
-            rows.append(_row(f"p{i}", name, text))
+        for i, (name, city) in enumerate(self.people):
+            rows.append(_row(f"p{i}", name, f"{name} was born in {self.cities[city][0]}."))
         for i, (name, country) in enumerate(self.cities):
             rows.append(_row(f"c{i}", name, f"{name} is a city in {self.countries[country]}."))
         return rows
@@ -171,7 +170,7 @@ def _world(seed: int, people: int, cities: int, countries: int) -> World:
     rng.shuffle(city_country)
     person_names = _unique(rng, people, lambda: f"{_word(rng, 2)} {_word(rng, 2)}", taken)
     return World(
-        people=tuple((n, rng.randrange(cities), rng.choice(JOBS)) for n in person_names),
+        people=tuple((n, rng.randrange(cities)) for n in person_names),
         cities=tuple(zip(city_names, city_country, strict=True)),
         countries=tuple(country_names),
     )
@@ -203,7 +202,7 @@ def multihop_tasks(spec: str) -> list[dict[str, Any]]:
     rows = []
     for j in picked:
         i = order[j]
-        name, city, _ = world.people[i]
+        name, city = world.people[i]
         if two[j]:
             question = f"In which country was {name} born?"
             answer, support, hops = world.countries[world.cities[city][1]], [f"p{i}", f"c{city}"], 2

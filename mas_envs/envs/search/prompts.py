@@ -49,8 +49,8 @@ def _doc(title: str, text: str) -> str:
 
 _Q1 = "Where was Tolu Marsk born?"
 _Q2 = "In which country was Rina Fosk born?"
-_H_TOLU = (("Tolu Marsk", _doc("Tolu Marsk", "Tolu Marsk was born in Kelvor. Tolu Marsk works as a cook.")),)
-_H_RINA = (("Rina Fosk", _doc("Rina Fosk", "Rina Fosk was born in Dulmar. Rina Fosk works as a nurse.")),)
+_H_TOLU = (("Tolu Marsk", _doc("Tolu Marsk", "Tolu Marsk was born in Kelvor.")),)
+_H_RINA = (("Rina Fosk", _doc("Rina Fosk", "Rina Fosk was born in Dulmar.")),)
 _H_RINA2 = (*_H_RINA, ("Dulmar", _doc("Dulmar", "Dulmar is a city in Prenia.")))
 
 FEWSHOT_SYSTEM = {
