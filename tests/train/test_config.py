@@ -700,7 +700,7 @@ def test_plain_search_run_is_its_written_out_example_config_and_the_paper_settin
     assert plain.env_kwargs == {
         "prompt_style": "fewshot",
         "retriever": "multihop?seed=0",
-        "topk": 2,
+        "topk": 1,
         "max_turns": 3,
     }
     assert (plain.train_data, plain.eval_data) == ("multihop?seed=0&split=train", "multihop?seed=0&split=dev")

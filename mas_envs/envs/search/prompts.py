@@ -58,40 +58,41 @@ FEWSHOT_SYSTEM = {
     "searcher": "Write a search query for what is still missing.",
     "answerer": "Answer the question from the search results.",
 }
-# (question, history, reply). Verdicts alternate no / yes / no / yes, as for the math verifier: with the
-# examples all ending the same way a small model copies the last verdict.
+# (question, history, reply). Prefill of the examples is most of a turn's cost on a CPU, so each agent has the
+# fewest examples that show its format: two per agent, three for the verifier, whose verdicts alternate
+# (no / yes / no: with examples that all end the same way a small model copies that verdict).
 FEWSHOT_EXAMPLES_3AGENT: dict[str, tuple[tuple[str, tuple[tuple[str, str], ...], str], ...]] = {
     "verifier": (
         (_Q1, (), "Nothing was searched yet. <verify>no</verify>"),
         (_Q1, _H_TOLU, "Doc 1 says Kelvor. <verify>yes</verify>"),
-        (_Q2, _H_RINA, "Doc 1 gives Dulmar but not its country. <verify>no</verify>"),
-        (_Q2, _H_RINA2, "Dulmar is in Prenia. <verify>yes</verify>"),
+        (_Q2, _H_RINA, "Dulmar is not a country. <verify>no</verify>"),
     ),
     "searcher": (
         (_Q1, (), "<think>I need Tolu Marsk.</think><search>Tolu Marsk</search>"),
-        (_Q2, _H_RINA, "<think>Rina Fosk was born in Dulmar. I need Dulmar.</think><search>Dulmar</search>"),
+        (_Q2, _H_RINA, "<think>I need Dulmar.</think><search>Dulmar</search>"),
     ),
     "answerer": (
         (_Q1, _H_TOLU, "<think>Doc 1 says Kelvor.</think><answer>Kelvor</answer>"),
-        (
-            _Q2,
-            _H_RINA2,
-            "<think>Rina Fosk was born in Dulmar, which is in Prenia.</think><answer>Prenia</answer>",
-        ),
+        (_Q2, _H_RINA2, "<think>Dulmar is in Prenia.</think><answer>Prenia</answer>"),
     ),
 }
 
 
 def _state(question: str, history: Sequence[tuple[str, str]]) -> str:
-    return f"Question: {question}\n{render_history(history)}"
+    """The question and the information blocks so far (the queries are left out: the blocks name their
+    titles, and every token of a prompt is prefilled on each turn)."""
+    if not history:
+        return f"Question: {question}\nNo search yet."
+    return f"Question: {question}\n" + "\n".join(info for _, info in history)
 
 
 def fewshot_3agent_messages(
     agent: str, question: str, history: Sequence[tuple[str, str]]
 ) -> list[dict[str, str]]:
     """The "fewshot" prompt of a search-3agent agent: its system line, its examples as chat turns, then the
-    question and the search history in the examples' shape. The searcher does not see the verifier's reply
-    (the paper style shows it): the examples show what to search without it, and it costs context.
+    question and the information blocks so far in the examples' shape. The searcher does not see the
+    verifier's reply (the paper style shows it): the examples show what to search without it, and it costs
+    context.
 
     Args:
         agent: ``"verifier"``, ``"searcher"`` or ``"answerer"``.
@@ -107,18 +108,14 @@ def fewshot_3agent_messages(
 
 FEWSHOT_SYSTEM_1AGENT = "Search for what you need, then answer the question."
 # One example conversation per hop count: assistant acts, the env's reply is the next user turn.
+# One example conversation, a 2-hop one (it shows a search, a second search and an answer): assistant acts,
+# the env's reply is the next user turn.
 FEWSHOT_EXAMPLES_1AGENT: tuple[tuple[str, ...], ...] = (
-    (
-        _Q1,
-        "<think>I need Tolu Marsk.</think><search>Tolu Marsk</search>",
-        _H_TOLU[0][1],
-        "<think>Doc 1 says Kelvor.</think><answer>Kelvor</answer>",
-    ),
     (
         _Q2,
         "<think>I need Rina Fosk.</think><search>Rina Fosk</search>",
         _H_RINA2[0][1],
-        "<think>Rina Fosk was born in Dulmar. I need Dulmar.</think><search>Dulmar</search>",
+        "<think>I need Dulmar.</think><search>Dulmar</search>",
         _H_RINA2[1][1],
         "<think>Dulmar is in Prenia.</think><answer>Prenia</answer>",
     ),

@@ -2,7 +2,7 @@
 
 | | |
 |---|---|
-| Creation | `mas_envs.make("search-1agent", retriever=None, topk=3, max_turns=4)` |
+| Creation | `mas_envs.make("search-1agent", retriever=None, topk=3, max_turns=4, prompt_style="paper")` |
 | Agents | `agent` |
 | Turn order | `agent` every turn |
 | Observation | the prompt: instructions, question, and the agent's earlier turns with their `<information>` blocks |
@@ -10,7 +10,7 @@
 | Reward | R = exact match (SQuAD normalisation) of the answer against `golden_answers`; `-c` (default 0.01) on an invalid turn |
 | Termination | the agent answered |
 | Truncation | `max_turns` turns without an answer (R = 0) |
-| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches`, `episode_metrics` = `{"retrieval_errors": failed searches}` |
+| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches`, `episode_metrics`: `searches`, `retrieval_errors`, `evidence_hit`, `answer_em`, `answer_f1`, `turns/agent` (as in `search-3agent`) |
 
 Each turn the first action tag decides: a search runs the retriever and appends the query and an
 `<information>` block to the transcript the agent sees next turn; an answer ends the episode (the last
@@ -20,7 +20,13 @@ turn is still run, but the episode then ends by truncation with R = 0, as in Sea
 `mas_envs.envs.search.common`; arguments as in `search-3agent` (a query is cut to its first 512
 characters before it is searched; a task without a usable gold answer makes `reset` raise `ValueError`).
 
-**Version history.** v0: first version.
+`prompt_style="fewshot"` (small models, `mas_envs.envs.search.prompts`): a one-line system turn, two example
+conversations (a 1-hop and a 2-hop one: search, passages as the next user turn, answer), then the live
+conversation in that shape, each action an assistant turn and each `<information>` block or format reminder
+a user turn; `Answer now.` on the last turn.
+
+**Version history.** v0: first version; `prompt_style` and the episode metrics besides `retrieval_errors`
+added later (the default, `"paper"`, is the v0 prompt unchanged).
 """
 
 from __future__ import annotations

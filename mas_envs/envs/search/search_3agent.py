@@ -2,7 +2,7 @@
 
 | | |
 |---|---|
-| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, last_turn="answer")` |
+| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, last_turn="answer", prompt_style="paper")` |
 | Agents | `verifier`, `searcher`, `answerer` |
 | Turn order | each turn: `verifier` → (`no`) `searcher` → next turn, or (`yes`) `answerer` → end |
 | Observation | the agent's prompt: question, every past query with its `<information>` block, role instructions |
@@ -10,7 +10,7 @@
 | Reward | R = exact match of the answer against `golden_answers` after SQuAD normalisation (0 without an answer), to every agent at the end; `-c` (default c = 0.01) to an agent on an invalid action |
 | Termination | the answerer answered (or, with `last_turn="verify"`, the verifier said no on the last turn) |
 | Truncation | never: the last turn always ends in a termination |
-| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` = `{"retrieval_errors": failed searches}` |
+| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` (below) |
 
 **Turns.** A turn is one verifier decision plus the action it routes to, as in the reference
 (`env.max_steps`); `infos[a]["turn"]` still counts single agent actions, as in every `mas_envs` env.
@@ -35,14 +35,29 @@ searcher that answers instead is invalid and no search happens. A retriever fail
 **What each agent sees.** All three see the question and the whole search history. The searcher also sees
 the verifier's reply of this turn (its teammate's reasoning, as in the reference); the answerer does not.
 
+**Episode metrics** (`infos[agent]["episode_metrics"]`, logged as `env/<name>` and `eval/env/<name>`):
+`searches` (retriever calls), `retrieval_errors` (failed ones), `evidence_hit` (1 if a retrieved passage
+contains a golden answer, SQuAD-normalised, whole words), `answer_em`, `answer_f1`, `turns/verifier`,
+`turns/searcher`, `turns/answerer` (actions per agent), and over the episode's valid verdicts
+`verifier_accuracy` (a verdict is right when it says yes exactly when the passages retrieved so far contain the
+answer) and `verifier_yes_rate` (both absent without a valid verdict).
+
+**Prompt styles.** `prompt_style="paper"` (default): the prompts above, right for 4B+ models and the paper's
+runs. `"fewshot"`, for ~100M models (`mas_envs.envs.search.prompts`): a one-line system turn and worked
+examples as earlier chat turns (question and search history → the reply in the exact format), then the live
+question and search history in the same shape; the searcher does not see the verifier's reply. Tags, parsing,
+passage rendering, rewards and turn order are the same in both.
+
 **Arguments.** `retriever`: an object with `search(queries, topk)`, a URL or list of URLs of a
-`mas-index serve` / Search-R1 server, an index directory, or `None` for the bundled HotpotQA index (built on
+`mas-index serve` / Search-R1 server, an index directory, a `multihop?seed=N` spec (FAISS over the generated
+world's corpus, `mas_envs.envs.search.multihop`), or `None` for the bundled HotpotQA index (built on
 first use from shipped embeddings; needs the `search` extra). `topk` passages per search. `max_turns` turns.
 `last_turn` as above. A query is cut to its first 512 characters (`MAX_QUERY_CHARS`) before it is
 searched, without penalty; the history shows the cut query. A task needs a usable gold answer (`golden_answers`
 or `answer`: a string, a number or a list of them), else `reset` raises `ValueError`. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
 
-**Version history.** v0: first version.
+**Version history.** v0: first version; `prompt_style` and the episode metrics besides `retrieval_errors`
+added later (the default, `"paper"`, is the v0 prompt unchanged, and parsing and rewards did not change).
 """
 
 from __future__ import annotations
