@@ -22,6 +22,9 @@ Procedural sets from reasoning-gym generators: a spec ``rg:<generator>?<param>=<
 `mas_envs.procedural`). Train and eval sets of one generator use different seeds; `drop_overlap` removes
 the questions they still share.
 
+Procedural multi-hop QA (the search envs' laptop tasks): ``multihop?seed=0&split=train`` / ``split=dev``, a
+generated world of people, cities and countries (`mas_envs.envs.search.multihop`).
+
 Sets whose licence is unclear (AIME, AMC) are not bundled: load them from a path you give.
 """
 
@@ -171,7 +174,8 @@ def load_tasks(
 
     Args:
         source: a name in `BUNDLED` or `TASK_LOADERS`, a reasoning-gym spec (``rg:<generator>?...``, see
-            `mas_envs.procedural`), a file path, or a Hugging Face hub id.
+            `mas_envs.procedural`), a multihop spec (``multihop?seed=0&split=train``, see
+            `mas_envs.envs.search.multihop`), a file path, or a Hugging Face hub id.
         split: split to load for hub ids (files have a single split).
         fields: `{our field: source column}` mapping (see `normalize_rows`).
         data_source: `data_source` of every row (default: the bundled set's source; for a file or hub id
@@ -199,11 +203,14 @@ def load_tasks(
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit!r}")
     source = str(source)
+    from mas_envs.envs.search.multihop import is_multihop_spec, multihop_tasks
     from mas_envs.procedural import is_rg_spec, load_rg_tasks
 
-    if is_rg_spec(source) or source in TASK_LOADERS:
+    if is_rg_spec(source) or is_multihop_spec(source) or source in TASK_LOADERS:
         if is_rg_spec(source):
             tasks = load_rg_tasks(source)
+        elif is_multihop_spec(source):
+            tasks = multihop_tasks(source)
         else:
             module, _, func = TASK_LOADERS[source].partition(":")
             tasks = [dict(r) for r in getattr(importlib.import_module(module), func)()]

@@ -7,7 +7,7 @@ Public API (imported lazily, so ``mas-index --help`` and ``import retrieval_inde
     hits = Retriever.load("my_index").search(["who wrote animal farm"], topk=3)
     hits = RemoteRetriever("http://127.0.0.1:8000/retrieve").search(["..."], topk=3)
 
-``Retriever`` and ``RemoteRetriever`` implement the ``mas_envs.envs.search.Retriever`` protocol.
+``Retriever`` and ``RemoteRetriever`` implement the ``retrieval_index.types.Retriever`` protocol.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name == "Passage":
-        from mas_envs.envs.search.retriever import Passage
+        from .types import Passage
 
         return Passage
     if name in _LAZY:

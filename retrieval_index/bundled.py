@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,17 @@ NUM_TRAIN = 100  # the first 100 questions train, the rest evaluate (disjoint by
 
 
 def bundled_dir() -> Path:
-    """Directory of the bundled HotpotQA files inside the installed ``mas_envs`` package."""
-    return Path(str(resources.files("mas_envs") / "data" / "hotpotqa"))
+    """Directory of the bundled HotpotQA files inside the installed ``mas_envs`` package.
+
+    Found with ``importlib.util.find_spec``, which locates the package without importing it: the files are
+    ``mas_envs``' package data, but ``retrieval_index`` imports nothing from ``mas_envs`` (the lower layer).
+    """
+    spec = importlib.util.find_spec("mas_envs")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the bundled HotpotQA files ship in the mas_envs package, which is not installed"
+        )
+    return Path(spec.submodule_search_locations[0]) / "data" / "hotpotqa"
 
 
 def bundled_corpus_path() -> Path:
@@ -46,10 +55,14 @@ def bundled_corpus_path() -> Path:
 
 
 def bundled_questions_path(split: str = "train") -> Path:
-    """``hotpotqa_<split>.jsonl`` for ``split`` in ``("train", "dev")``."""
-    from mas_envs.envs.search.data import bundled_hotpotqa_path
+    """``hotpotqa_<split>.jsonl`` for ``split`` in ``("train", "dev")``.
 
-    return Path(bundled_hotpotqa_path(split))
+    Raises:
+        ValueError: another split.
+    """
+    if split not in ("train", "dev"):
+        raise ValueError(f"the bundled HotpotQA set has splits ('train', 'dev'), not {split!r}")
+    return bundled_dir() / f"hotpotqa_{split}.jsonl"
 
 
 @functools.lru_cache(maxsize=1)

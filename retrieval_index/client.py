@@ -1,6 +1,6 @@
 """HTTP client for a Search-R1-compatible retrieval service (``POST /retrieve``).
 
-:class:`RemoteRetriever` implements the ``mas_envs.envs.search.Retriever`` protocol, so a search env can use
+:class:`RemoteRetriever` implements the ``retrieval_index.types.Retriever`` protocol, so a search env can use
 a server started with ``mas-index serve`` (or Search-R1's own ``retrieval_server.py``) instead of an
 in-process index.
 """
@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from mas_envs.envs.search.retriever import Passage
+from .types import Passage
 
 __all__ = ["RemoteRetriever", "RetrieverUnavailableError", "check_health"]
 

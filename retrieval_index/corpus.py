@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mas_envs.envs.search.retriever import Passage
+from .types import Passage
 
 __all__ = ["DocumentStore", "file_sha256", "iter_corpus", "normalize_document", "write_documents"]
 

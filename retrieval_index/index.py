@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from mas_envs.envs.search.retriever import Passage
-
 from .cache import embed_corpus
 from .corpus import DocumentStore, file_sha256, iter_corpus, write_documents
 from .encoder import Encoder, load_encoder
+from .types import Passage
 
 __all__ = ["EncoderMismatchError", "Retriever", "build_faiss_index", "build_index"]
 
@@ -195,7 +194,7 @@ def build_index(
 
 
 class Retriever:
-    """Dense retrieval over a FAISS index; implements :class:`mas_envs.envs.search.Retriever`.
+    """Dense retrieval over a FAISS index; implements :class:`retrieval_index.types.Retriever`.
 
     Build one with :meth:`load` (an index directory), :meth:`from_corpus` (in memory, from a JSONL corpus and
     the embedding cache) or the constructor (an existing FAISS index and documents). ``search`` is serialised

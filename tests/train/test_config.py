@@ -749,7 +749,7 @@ def test_plain_run_of_math_2agent_gets_the_laptop_setting_and_any_task_or_model_
         ["--eval_data", "gsm8k-test"],
         ["--model", "tiny-qwen3"],
         ["--agents.verifier.model", "tiny-qwen3"],
-        ["--env", "search-3agent"],
+        ["--env", "search-3agent", "--train_data", "hotpotqa"],
     ):
         c = parse_args(argv)
         assert c.env_kwargs == {} and c.num_generations == TrainConfig().num_generations, argv
@@ -758,6 +758,42 @@ def test_plain_run_of_math_2agent_gets_the_laptop_setting_and_any_task_or_model_
     assert (
         parse_args(["--model", "smollm2-135m-instruct"]).train_data == lap["train_data"]
     )  # the default model
+
+
+def test_plain_search_run_is_its_written_out_example_config_and_the_paper_setting_is_one_flag_away():
+    from pathlib import Path
+
+    from mas_train.config import LAPTOP_DEFAULTS
+
+    example = TrainConfig.from_yaml(
+        Path(__file__).resolve().parents[2] / "examples" / "search_3agent_cpu.yaml"
+    )
+    plain = parse_args(["--env", "search-3agent"])
+    # the example restates TRL's grpo defaults, as math_2agent_cpu.yaml does; everything else is equal
+    assert config_diff(plain, example) == {
+        "grpo.loss_type": (None, "dapo"),
+        "grpo.epsilon": (None, 0.2),
+        "grpo.beta": (None, 0.0),
+    }
+    assert plain.env_kwargs == {
+        "prompt_style": "fewshot",
+        "retriever": "multihop?seed=0",
+        "topk": 1,
+        "max_turns": 3,
+    }
+    assert (plain.train_data, plain.eval_data) == ("multihop?seed=0&split=train", "multihop?seed=0&split=dev")
+    assert (plain.eval_num_tasks, plain.eval_k) == (50, 4)  # the issue: >= 50 held-out questions x k >= 4
+    one = parse_args(["--env", "search-1agent"])
+    assert (
+        one.train_data == plain.train_data
+        and one.env_kwargs == LAPTOP_DEFAULTS["search-1agent"]["env_kwargs"]
+    )
+    assert (one.max_steps, one.num_generations, one.eval_num_tasks) == (10, 8, 50)  # the 3-agent budget
+    # the paper setting: name its tasks (or another model) and the env's own prompts, data and retriever apply
+    for argv in (["--train_data", "hotpotqa"], ["--model", "tiny-qwen3"]):
+        paper = parse_args(["--env", "search-3agent", *argv])
+        assert paper.env_kwargs == {} and paper.eval_data is None, argv
+        assert paper.eval_num_tasks == TrainConfig().eval_num_tasks, argv
 
 
 def test_resume_takes_the_runs_saved_config_as_base(tmp_path):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from mas_envs.core import TextAECEnv, TranscriptEntry, task_id_of
-from mas_envs.rewards.qa import answer_strings, exact_match, f1_score
+from mas_envs.rewards.qa import answer_strings, exact_match, f1_score, normalize_answer
 
 from .retriever import Passage, Retriever, format_passages
 
@@ -36,9 +36,10 @@ __all__ = [
     "MAX_QUERY_CHARS",
     "ActionParse",
     "NotesAfterActionMixin",
-    "RetrievalErrorsMixin",
+    "SearchMetricsMixin",
     "check_retriever_arg",
     "clip_query",
+    "contains_answer",
     "first_block",
     "golden_answers_of",
     "information_block",
@@ -222,6 +223,10 @@ def _cached_retriever(spec: str | tuple[str, ...], options: tuple[tuple[str, Any
         from retrieval_index.bundled import default_retriever
 
         return default_retriever()
+    from .multihop import is_multihop_spec, multihop_retriever
+
+    if isinstance(spec, str) and is_multihop_spec(spec):
+        return multihop_retriever(spec)
     urls = spec if isinstance(spec, tuple) else (spec,)
     if all(u.startswith(("http://", "https://")) for u in urls):
         from retrieval_index.client import RemoteRetriever
@@ -243,7 +248,8 @@ def resolve_retriever(retriever: Retriever | str | Sequence[str] | None) -> Retr
     client options (``token_env``: the environment variable holding the server's bearer token; a
     hung server fails a search after ``(max_retries + 1) * len(urls) * timeout`` plus the backoff, and the
     search becomes one ``Search error: RetrieverUnavailableError: ...`` observation naming each URL); another
-    string → an index directory for
+    ``multihop?...`` spec → FAISS over that generated world's corpus
+    (:mod:`mas_envs.envs.search.multihop`); another string → an index directory for
     :meth:`retrieval_index.Retriever.load`; anything with a ``search`` method is used as is. String specs are
     resolved once per process and shared, so envs built from plain-data kwargs (YAML) stay picklable.
     """
@@ -300,13 +306,29 @@ def run_search(retriever: Any, query: str, topk: int) -> tuple[list[Passage], st
     return passages, body
 
 
-class RetrievalErrorsMixin(TextAECEnv):
-    """Count an episode's failed retriever calls, reported as the ``retrieval_errors`` episode metric.
+def contains_answer(passages: Sequence[Passage], golden_answers: Sequence[str]) -> bool:
+    """Whether any passage's ``contents`` holds any golden answer as a whole-word phrase, both sides under SQuAD
+    normalisation (:func:`mas_envs.rewards.qa.normalize_answer`: case, punctuation and articles ignored).
+    ``False`` for no passages or no non-blank answer."""
+    golds = [g for g in (normalize_answer(a) for a in golden_answers) if g]
+    texts = [f" {normalize_answer(p.contents)} " for p in passages]
+    return any(f" {g} " in t for g in golds for t in texts)
 
-    A failed search is an observation (``Search error: ...``) and the episode goes on, so without a count a
-    dead retriever shows only in transcripts. Envs search with :meth:`_search` (``self.retriever``,
-    ``self.topk``) and put :meth:`retrieval_metrics` in their ``Outcome.metrics``; the trainer logs the mean
-    over a step's episodes as ``env/retrieval_errors`` (failed calls per episode).
+
+class SearchMetricsMixin(TextAECEnv):
+    """The search envs' per-episode metrics (``Outcome.metrics``; the trainer logs the mean over a step's
+    episodes as ``env/<name>`` and over an evaluation as ``eval/env/<name>``):
+
+    * ``searches``: retriever calls made (a searcher turn without a valid query makes none);
+    * ``retrieval_errors``: those that failed (each became ``Search error: ...``, and the episode went on);
+    * ``evidence_hit``: 1 if a passage retrieved in the episode contains a golden answer
+      (:func:`contains_answer`), else 0;
+    * ``answer_em``, ``answer_f1``: exact match and token F1 of the graded answer (0 without one);
+    * ``turns/<agent>``: actions of each agent in the episode;
+    * the env's own (search-3agent adds the verifier's).
+
+    Envs search with :meth:`_search` (``self.retriever``, ``self.topk``) and end with
+    :meth:`search_metrics`.
     """
 
     retrieval_errors: int = 0
@@ -315,17 +337,35 @@ class RetrievalErrorsMixin(TextAECEnv):
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         self.retrieval_errors = 0
+        self.searches = 0
+        self.retrieved: list[Passage] = []
         super().reset(seed=seed, options=options)
 
     def _search(self, query: str) -> str:
         """Search ``query`` (never raises); returns the information-block body and counts a failure."""
-        _, body, failed = _search(self.retriever, query, self.topk)
+        passages, body, failed = _search(self.retriever, query, self.topk)
         self.retrieval_errors += failed
+        self.searches += 1
+        self.retrieved.extend(passages)
         return body
 
-    def retrieval_metrics(self) -> dict[str, float]:
-        """``{"retrieval_errors": n}``: failed retriever calls in this episode, as a float."""
-        return {"retrieval_errors": float(self.retrieval_errors)}
+    def evidence_has_answer(self) -> bool:
+        """Whether the passages retrieved so far contain a golden answer of the task."""
+        return contains_answer(self.retrieved, golden_answers_of(self.current_task))
+
+    def search_metrics(self, answer: str | None) -> dict[str, float]:
+        """The metrics above (floats) for the episode that ended with ``answer`` (``None``: no answer)."""
+        em, f1 = score_answer(answer, self.current_task)
+        metrics = {
+            "searches": float(self.searches),
+            "retrieval_errors": float(self.retrieval_errors),
+            "evidence_hit": float(self.evidence_has_answer()),
+            "answer_em": em,
+            "answer_f1": f1,
+        }
+        for agent in self.possible_agents:
+            metrics[f"turns/{agent}"] = float(sum(e.speaker == agent for e in self.transcript))
+        return metrics
 
     def startup_warnings(self) -> list[str]:
         """A warning when the retriever is a server URL that does not answer (``retrieval_index.check_health``);

@@ -1,53 +1,19 @@
-"""The retrieval contract the search envs depend on (design.md §2).
+"""The retrieval contract the search envs depend on (design.md §2), and how they render passages.
 
-Kept free of faiss, torch and httpx so that ``import mas_envs`` stays light: the FAISS implementation
-(``retrieval_index.Retriever``) and the HTTP client (``retrieval_index.RemoteRetriever``) live in the
-``retrieval_index`` package and satisfy this protocol structurally.
+:class:`Passage` and the :class:`Retriever` protocol are defined in :mod:`retrieval_index.types` (light: no
+faiss, torch or httpx, so ``import mas_envs`` stays light) and re-exported here; the FAISS implementation
+(``retrieval_index.Retriever``) and the HTTP client (``retrieval_index.RemoteRetriever``) satisfy the
+protocol structurally.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+
+from retrieval_index.types import Passage, Retriever
 
 __all__ = ["KeywordRetriever", "Passage", "Retriever", "format_passages"]
-
-
-@dataclass(frozen=True)
-class Passage:
-    """One retrieved passage.
-
-    Attributes:
-        id: corpus id of the passage (a string, as in FlashRAG / Search-R1 corpora).
-        title: page title.
-        contents: FlashRAG ``contents`` field: ``'"<title>"\\n<text>'`` (title line, then the text).
-        score: inner product of the L2-normalised query and passage embeddings (cosine similarity,
-            in [-1, 1]); ``None`` when the source did not return scores.
-    """
-
-    id: str
-    title: str
-    contents: str
-    score: float | None = None
-
-    @property
-    def text(self) -> str:
-        """The passage body without its title line (``contents`` after the first newline)."""
-        head, sep, rest = self.contents.partition("\n")
-        return rest if sep else head
-
-
-@runtime_checkable
-class Retriever(Protocol):
-    """Anything that maps queries to ranked passages.
-
-    ``search(queries, topk)`` returns one list per query, best first, at most ``topk`` passages each.
-    Implementations may raise any exception on failure; the search envs turn it into an error observation.
-    """
-
-    def search(self, queries: list[str], topk: int) -> list[list[Passage]]: ...
 
 
 def format_passages(passages: list[Passage]) -> str:

@@ -2,7 +2,7 @@
 
 | | |
 |---|---|
-| Creation | `mas_envs.make("search-1agent", retriever=None, topk=3, max_turns=4)` |
+| Creation | `mas_envs.make("search-1agent", retriever=None, topk=3, max_turns=4, prompt_style="paper")` |
 | Agents | `agent` |
 | Turn order | `agent` every turn |
 | Observation | the prompt: instructions, question, and the agent's earlier turns with their `<information>` blocks |
@@ -10,7 +10,7 @@
 | Reward | R = exact match (SQuAD normalisation) of the answer against `golden_answers`; `-c` (default 0.01) on an invalid turn |
 | Termination | the agent answered |
 | Truncation | `max_turns` turns without an answer (R = 0) |
-| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches`, `episode_metrics` = `{"retrieval_errors": failed searches}` |
+| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches`, `episode_metrics`: `searches`, `retrieval_errors`, `evidence_hit`, `answer_em`, `answer_f1`, `turns/agent` (as in `search-3agent`) |
 
 Each turn the first action tag decides: a search runs the retriever and appends the query and an
 `<information>` block to the transcript the agent sees next turn; an answer ends the episode (the last
@@ -20,7 +20,13 @@ turn is still run, but the episode then ends by truncation with R = 0, as in Sea
 `mas_envs.envs.search.common`; arguments as in `search-3agent` (a query is cut to its first 512
 characters before it is searched; a task without a usable gold answer makes `reset` raise `ValueError`).
 
-**Version history.** v0: first version.
+`prompt_style="fewshot"` (small models, `mas_envs.envs.search.prompts`): a one-line system turn, two example
+conversations (a 1-hop and a 2-hop one: search, passages as the next user turn, answer), then the live
+conversation in that shape, each action an assistant turn and each `<information>` block or format reminder
+a user turn; `Answer now.` on the last turn.
+
+**Version history.** v0: first version; `prompt_style` and the episode metrics besides `retrieval_errors`
+added later (the default, `"paper"`, is the v0 prompt unchanged).
 """
 
 from __future__ import annotations
@@ -32,13 +38,14 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 
 from .common import (
     NotesAfterActionMixin,
-    RetrievalErrorsMixin,
+    SearchMetricsMixin,
     check_retriever_arg,
     golden_answers_of,
     information_block,
     parse_action,
     score_answer,
 )
+from .prompts import check_prompt_style, fewshot_1agent_messages
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchOneAgentEnv", "env", "raw_env"]
@@ -58,7 +65,7 @@ _FORMAT_REMINDER = (
 )
 
 
-class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv):
+class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
     """Single-agent think → search | answer loop (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -83,6 +90,7 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         retriever: Retriever | str | Sequence[str] | None = None,
         topk: int = 3,
         max_turns: int = 4,
+        prompt_style: str = "paper",
         tasks: Sequence[dict[str, Any]] | str | None = None,
         invalid_action_penalty: float | None = None,
         render_mode: str | None = None,
@@ -90,6 +98,7 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         check_retriever_arg(retriever)
+        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(
             tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
@@ -125,14 +134,16 @@ class SearchOneAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv)
     def episode_outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.current_task)
         self.infos[AGENT].update({"f1": f1, "answer": self.answer, "num_searches": self.num_searches})
-        return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
+        return Outcome(team_reward=em, success=em == 1.0, metrics=self.search_metrics(self.answer))
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        turn = len(self.steps) // 2 + 1
+        last = self.max_turns is not None and turn >= self.max_turns
+        if self.prompt_style == "fewshot":
+            return fewshot_1agent_messages(self.current_task["question"], self.steps, last)
         parts = [f"Question: {self.current_task['question']}"]
         if self.steps:
             parts.append("Your turns so far:\n" + "\n".join(self.steps))
-        turn = len(self.steps) // 2 + 1
-        last = self.max_turns is not None and turn >= self.max_turns
         parts.append(
             f"This is turn {turn} of {self.max_turns}."
             + (" It is your last turn: answer now with <answer>...</answer>." if last else "")

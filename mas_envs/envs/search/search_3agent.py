@@ -2,7 +2,7 @@
 
 | | |
 |---|---|
-| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, last_turn="answer")` |
+| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, last_turn="answer", prompt_style="paper")` |
 | Agents | `verifier`, `searcher`, `answerer` |
 | Turn order | each turn: `verifier` → (`no`) `searcher` → next turn, or (`yes`) `answerer` → end |
 | Observation | the agent's prompt: question, every past query with its `<information>` block, role instructions |
@@ -10,7 +10,7 @@
 | Reward | R = exact match of the answer against `golden_answers` after SQuAD normalisation (0 without an answer), to every agent at the end; `-c` (default c = 0.01) to an agent on an invalid action |
 | Termination | the answerer answered (or, with `last_turn="verify"`, the verifier said no on the last turn) |
 | Truncation | never: the last turn always ends in a termination |
-| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` = `{"retrieval_errors": failed searches}` |
+| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` (below) |
 
 **Turns.** A turn is one verifier decision plus the action it routes to, as in the reference
 (`env.max_steps`); `infos[a]["turn"]` still counts single agent actions, as in every `mas_envs` env.
@@ -35,14 +35,29 @@ searcher that answers instead is invalid and no search happens. A retriever fail
 **What each agent sees.** All three see the question and the whole search history. The searcher also sees
 the verifier's reply of this turn (its teammate's reasoning, as in the reference); the answerer does not.
 
+**Episode metrics** (`infos[agent]["episode_metrics"]`, logged as `env/<name>` and `eval/env/<name>`):
+`searches` (retriever calls), `retrieval_errors` (failed ones), `evidence_hit` (1 if a retrieved passage
+contains a golden answer, SQuAD-normalised, whole words), `answer_em`, `answer_f1`, `turns/verifier`,
+`turns/searcher`, `turns/answerer` (actions per agent), and over the episode's valid verdicts
+`verifier_accuracy` (a verdict is right when it says yes exactly when the passages retrieved so far contain the
+answer) and `verifier_yes_rate` (both absent without a valid verdict).
+
+**Prompt styles.** `prompt_style="paper"` (default): the prompts above, right for 4B+ models and the paper's
+runs. `"fewshot"`, for ~100M models (`mas_envs.envs.search.prompts`): a one-line system turn and worked
+examples as earlier chat turns (question and search history → the reply in the exact format), then the live
+question and search history in the same shape; the searcher does not see the verifier's reply. Tags, parsing,
+passage rendering, rewards and turn order are the same in both.
+
 **Arguments.** `retriever`: an object with `search(queries, topk)`, a URL or list of URLs of a
-`mas-index serve` / Search-R1 server, an index directory, or `None` for the bundled HotpotQA index (built on
+`mas-index serve` / Search-R1 server, an index directory, a `multihop?seed=N` spec (FAISS over the generated
+world's corpus, `mas_envs.envs.search.multihop`), or `None` for the bundled HotpotQA index (built on
 first use from shipped embeddings; needs the `search` extra). `topk` passages per search. `max_turns` turns.
 `last_turn` as above. A query is cut to its first 512 characters (`MAX_QUERY_CHARS`) before it is
 searched, without penalty; the history shows the cut query. A task needs a usable gold answer (`golden_answers`
 or `answer`: a string, a number or a list of them), else `reset` raises `ValueError`. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
 
-**Version history.** v0: first version.
+**Version history.** v0: first version; `prompt_style` and the episode metrics besides `retrieval_errors`
+added later (the default, `"paper"`, is the v0 prompt unchanged, and parsing and rewards did not change).
 """
 
 from __future__ import annotations
@@ -54,7 +69,7 @@ from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 
 from .common import (
     NotesAfterActionMixin,
-    RetrievalErrorsMixin,
+    SearchMetricsMixin,
     check_retriever_arg,
     clip_query,
     first_block,
@@ -63,6 +78,7 @@ from .common import (
     parse_action,
     score_answer,
 )
+from .prompts import check_prompt_style, fewshot_3agent_messages, render_history
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
@@ -94,17 +110,7 @@ SYSTEM_PROMPTS = {
 }
 
 
-def render_history(history: Sequence[tuple[str, str]]) -> str:
-    """Past searches as the agents see them: ``Turn n: <search>q</search>`` then the information block."""
-    if not history:
-        return "Search history: none yet."
-    lines = ["Search history:"]
-    for n, (query, info) in enumerate(history, start=1):
-        lines.append(f"Turn {n}: <search>{query}</search>\n{info}")
-    return "\n".join(lines)
-
-
-class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEnv):
+class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
     """Verifier → searcher | answerer multi-turn search QA (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -136,6 +142,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         topk: int = 3,
         max_turns: int = 4,
         last_turn: str = "answer",
+        prompt_style: str = "paper",
         tasks: Sequence[dict[str, Any]] | str | None = None,
         invalid_action_penalty: float | None = None,
         render_mode: str | None = None,
@@ -147,6 +154,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if last_turn not in ("answer", "verify"):
             raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
+        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(
             tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
@@ -165,6 +173,7 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
         self.history: list[tuple[str, str]] = []
         self.verifier_reply: str | None = None
         self.answer: str | None = None
+        self.verdicts: list[tuple[bool, bool]] = []  # (said yes, the evidence so far held the answer)
         return self._turn_opener()
 
     def _turn_opener(self) -> str:
@@ -177,6 +186,8 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
             verdict = first_block(action, "verify")
             verdict = verdict.lower() if verdict is not None else None
             invalid = verdict not in ("yes", "no")
+            if not invalid:
+                self.verdicts.append((verdict == "yes", self.evidence_has_answer()))
             if verdict == "no":
                 if self.search_turn >= self.turn_limit:
                     return Transition(invalid=False, next_agent=None)  # last_turn="verify": no answer
@@ -207,10 +218,16 @@ class SearchThreeAgentEnv(RetrievalErrorsMixin, NotesAfterActionMixin, TextAECEn
             self.infos[a].update(
                 {"f1": f1, "answer": self.answer, "num_searches": sum(1 for q, _ in self.history if q)}
             )
-        return Outcome(team_reward=em, success=em == 1.0, metrics=self.retrieval_metrics())
+        metrics = self.search_metrics(self.answer)
+        if self.verdicts:
+            metrics["verifier_accuracy"] = sum(y == ok for y, ok in self.verdicts) / len(self.verdicts)
+            metrics["verifier_yes_rate"] = sum(y for y, _ in self.verdicts) / len(self.verdicts)
+        return Outcome(team_reward=em, success=em == 1.0, metrics=metrics)
 
     # --- prompts -----------------------------------------------------------------------------------------
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
+        if self.prompt_style == "fewshot":
+            return fewshot_3agent_messages(agent, self.current_task["question"], self.history)
         parts = [f"Question: {self.current_task['question']}", render_history(self.history)]
         if agent == SEARCHER and self.verifier_reply is not None:
             parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
