@@ -136,11 +136,11 @@ class _Episode:
         # The env's transcript has one row per live step, in order: its agent rows are our actions (which
         # carry the prompt), its "env" rows the env's messages between them.
         actions = iter(self.said)
-        events = [
+        found = [
             TextEvent("env", int(e.turn), str(e.text)) if e.speaker == "env" else next(actions, None)
             for e in self.transcript
         ]
-        events = [e for e in events if e is not None] + list(actions)
+        events = [e for e in found if e is not None] + list(actions)
         return EpisodeText(self.traj_uid, self.task, tuple(events))
 
     def trajectory(self) -> Trajectory:

@@ -197,7 +197,7 @@ class RayPool:
         if not self._atexit:
             # a weak reference: the exit hook must not keep a finished pool (and its actors) alive
             ref = weakref.ref(self)
-            atexit.register(lambda: (pool := ref()) is not None and pool.shutdown())
+            atexit.register(_shutdown_if_alive, ref)
             self._atexit = True
         try:
             self._place(ray, placement_group)
@@ -345,3 +345,10 @@ class RayPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def _shutdown_if_alive(ref: weakref.ref[RayPool]) -> None:
+    """The interpreter-exit hook of a pool: shut it down unless it was already collected."""
+    pool = ref()
+    if pool is not None:
+        pool.shutdown()

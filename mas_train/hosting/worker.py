@@ -135,7 +135,10 @@ class ModelGroupWorker:
                 "generate their rows with one generate() call per group"
             )
         assert isinstance(self.backend, HFBackend)  # a mixed_batch_key is only ever an HFBackend's
-        outs = self.backend.generate(prompt_ids, sampling, adapters=[w.policy.adapter for w in workers])
+        adapters = [w.policy.adapter for w in workers]
+        names = [a for a in adapters if a is not None]  # all of them: a shared mixed_batch_key means LoRA
+        assert len(names) == len(adapters)
+        outs = self.backend.generate(prompt_ids, sampling, adapters=names)
         for out, w in zip(outs, workers, strict=True):
             out.weight_version = w.weight_version
         return outs

@@ -205,7 +205,7 @@ class HFBackend(DecodeLoop):
         prompt_ids: Sequence[Sequence[int]],
         sampling: SamplingParams | Sequence[SamplingParams],
         *,
-        adapters: Sequence[str | None] | None = None,
+        adapters: Sequence[str] | None = None,
     ) -> list[GenerationOutput]:
         """Sample one completion per prompt (see :meth:`GenerationBackend.generate`).
 
