@@ -160,7 +160,7 @@ def run_eval(ev, out=None) -> dict[str, float]:
             max_prompt_length=cfg.max_prompt_length,
             seed=cfg.seed,
         )
-        recorder = _eval_recorder(ev, ckpt, probe)
+        recorder = _eval_recorder(ev, k, ckpt, probe)
         bar = tqdm(total=len(tasks), desc="mas-eval", unit="task", dynamic_ncols=True)
         try:
             metrics = evaluate(
@@ -198,7 +198,7 @@ def _episodes_path(output: str) -> Path:
     return p.with_name((p.stem if p.suffix else p.name) + ".episodes.jsonl")
 
 
-def _eval_recorder(ev, ckpt, probe):
+def _eval_recorder(ev, k, ckpt, probe):
     """The :class:`~mas_train.episodes.EvalRecorder` of ``mas-eval --output`` (``None``: no episodes to write);
     its records carry the checkpoint's step (0 for initial weights or a plain model)."""
     import re
@@ -209,7 +209,7 @@ def _eval_recorder(ev, ckpt, probe):
         return None
     found = re.search(r"(\d+)$", ckpt.name) if ckpt is not None and not ev.initial else None
     return EvalRecorder(
-        ev.k,
+        k,
         float(probe.unwrapped.invalid_action_penalty),
         limit=ev.log_episodes,
         step=int(found.group(1)) if found else 0,

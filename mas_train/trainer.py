@@ -302,7 +302,7 @@ class MultiGroupTrainer:
         start_step = self.step
         if evaluate and self.step == 0 and cfg.eval_before_training:
             say(f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} before training (step 0)…")
-            logger.log(0, self.evaluate(progress))
+            logger.log(0, self.evaluate(progress and live_bar))
         last: dict[str, float] = {}
         saved_at = evaluated_at = -1
         bar = tqdm(
@@ -339,7 +339,7 @@ class MultiGroupTrainer:
                         say(
                             f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} at step {self.step}…"
                         )
-                        logger.log(self.step, self.evaluate(progress))
+                        logger.log(self.step, self.evaluate(progress and live_bar))
                     evaluated_at = self.step
         finally:
             bar.close()
@@ -348,7 +348,7 @@ class MultiGroupTrainer:
             self.save_checkpoint()
         if evaluate and evaluated_at != self.step:
             say(f"  evaluating on {len(self.eval_tasks)} tasks × k={cfg.eval_k} at step {self.step}…")
-            logger.log(self.step, self.evaluate(progress))
+            logger.log(self.step, self.evaluate(progress and live_bar))
         return last
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ class RemoteRetriever:
         urls: one URL or several (``http://host:port/retrieve``; a bare ``http://host:port`` gets ``/retrieve``
             appended). Calls start at the next URL in round-robin order, spreading load across servers.
         timeout: seconds per HTTP attempt in all (connect, send and the whole reply: a deadline, not a
-            per-read timeout; ``mas_envs.deadline_http``), default 10.
+            per-read timeout; ``retrieval_index.deadline_http``), default 10.
         max_retries: extra rounds after the first; each round tries every URL once. Total attempts =
             ``(max_retries + 1) * len(urls)``, default 1: a hung single server fails a search after
             ``2 * timeout + backoff`` = 20.5 s by default.
@@ -53,7 +53,7 @@ class RemoteRetriever:
     ) -> None:
         import httpx
 
-        from mas_envs.deadline_http import deadline_client
+        from retrieval_index.deadline_http import deadline_client
 
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -138,7 +138,7 @@ class RemoteRetriever:
     def __setstate__(self, state: dict) -> None:
         import httpx
 
-        from mas_envs.deadline_http import deadline_client
+        from retrieval_index.deadline_http import deadline_client
 
         self.__dict__.update(state)
         self._httpx = httpx
@@ -185,7 +185,7 @@ def check_health(retriever: object, timeout: float = 5.0) -> str | None:
         return None
     import httpx
 
-    from mas_envs.deadline_http import deadline_client
+    from retrieval_index.deadline_http import deadline_client
 
     problems = []
     with deadline_client(timeout) as client:

@@ -11,7 +11,7 @@ only), ``logprobs`` are zeros, ``meta["trainable"]`` is ``False`` and :attr:`Ope
 Reliability rules:
 
 * ``timeout_s`` bounds each whole attempt (connect, send, the full reply: the client's transport is
-  :class:`mas_envs.deadline_http.DeadlineTransport`, so a server that trickles its reply cannot stretch it).
+  :class:`retrieval_index.deadline_http.DeadlineTransport`, so a server that trickles its reply cannot stretch it).
   Retries are the client's own: up to ``max_retries`` retries on
   connection errors, timeouts, 408/409/429 and 5xx, with exponential backoff (0.5 s doubling to 8 s, 0-25 %
   jitter) or the server's ``Retry-After`` / ``retry-after-ms`` when it sends one.
@@ -120,7 +120,7 @@ class OpenAIBackend:
                 key_env,
                 options.base_url,
             )
-        from mas_envs.deadline_http import deadline_client
+        from retrieval_index.deadline_http import deadline_client
 
         self._client = openai.OpenAI(
             api_key=key or "no-key",

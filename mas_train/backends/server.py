@@ -8,7 +8,7 @@ adapter sync live in :mod:`mas_train.backends.weight_sync`, the request-side che
 importable from here too.
 
 Nothing here imports torch, httpx or safetensors at module import time.
-The client of :class:`HTTPServerClient` bounds each whole request by ``timeout`` (``mas_envs.deadline_http``).
+The client of :class:`HTTPServerClient` bounds each whole request by ``timeout`` (``retrieval_index.deadline_http``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class HTTPServerClient:
         connect_retries: int,
         process: subprocess.Popen | None,
     ) -> None:
-        from mas_envs.deadline_http import deadline_client
+        from retrieval_index.deadline_http import deadline_client
 
         self.url = url.rstrip("/")
         self.timeout = float(timeout)

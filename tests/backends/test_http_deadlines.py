@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from mas_envs.deadline_http import DeadlineTransport, deadline_client
+from retrieval_index.deadline_http import DeadlineTransport, deadline_client
 
 LIFETIME_S = 8.0  # each connection is dropped after this, so a client without a deadline still ends
 

@@ -1011,6 +1011,12 @@ PAPER_RUN_AT_DDC0558 = {
 }
 
 
+# Settings added since ddc0558 (role/turn credit, episode records), at defaults that change nothing of a run
+ADDED_SINCE_DDC0558 = {"advantage_turn_min_samples": 2, "log_episodes": 4, "log_eval_episodes": 16}
+PLAIN_RUN_AT_DDC0558 = {**PLAIN_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558}
+PAPER_RUN_AT_DDC0558 = {**PAPER_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558}
+
+
 def test_plain_run_resolves_to_the_laptop_setting_of_ddc0558_and_the_paper_setting_is_one_flag_away():
     import mas_envs
 
@@ -1034,7 +1040,11 @@ def test_plain_run_resolves_to_the_laptop_setting_of_ddc0558_and_the_paper_setti
     }
 
 
-def test_help_shows_what_a_plain_run_does_laptop_setting(capsys):
+def test_help_shows_what_a_plain_run_does_laptop_setting(capsys, monkeypatch):
+    from mas_train.config import LAPTOP_DEFAULTS
+
+    for env in ("search-3agent", "search-1agent"):  # the math envs' notes alone (search ones: their own test)
+        monkeypatch.delitem(LAPTOP_DEFAULTS, env)
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -1059,6 +1069,7 @@ def test_a_laptop_setting_for_another_env_is_data_only_laptop_setting(monkeypatc
     monkeypatch.setitem(
         LAPTOP_DEFAULTS, "search-1agent", {"max_steps": 9, "sampling": {"max_new_tokens": 64}}
     )
+    monkeypatch.delitem(LAPTOP_DEFAULTS, "search-3agent")
     cfg = parse_args(["--env", "search-1agent"])
     assert (cfg.max_steps, cfg.sampling.max_new_tokens, cfg.num_generations) == (9, 64, 4)
     assert parse_args(["--env", "search-1agent", "--train_data", "x.jsonl"]).max_steps == 6

@@ -57,7 +57,7 @@ def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path):
     try:
         b.load_checkpoint(ckpt)
         assert b.step == 1
-        assert b.pool.worker("shared").trainer.state.global_step == 1
+        assert b.pool.worker("shared").policy.trainer.state.global_step == 1
         m2b, extra2b = b.train_step()
         params_b = b.pool.worker("shared").model.state_dict()
     finally:

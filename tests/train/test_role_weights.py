@@ -178,7 +178,9 @@ def test_the_trainer_scores_with_the_agents_weights_and_passes_turn_ids(
         seen["cols"], seen["kw"] = cols, kw
         return real(*cols, **kw)
 
-    monkeypatch.setattr(advantages, "compute_advantages_with_stats", spy)
+    import mas_train.trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "compute_advantages_with_stats", spy)  # the name the loop calls
     cfg = TrainConfig.from_dict(
         dict(
             env="parity",

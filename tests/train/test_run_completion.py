@@ -32,10 +32,10 @@ def test_a_run_killed_during_its_final_evaluation_resumes_into_it(tmp_path, monk
 
     real_evaluate = MultiGroupTrainer.evaluate
 
-    def killed_at_the_end(self):
+    def killed_at_the_end(self, *args, **kwargs):
         if self.step == self.cfg.max_steps:
             raise KeyboardInterrupt  # Ctrl-C (or a kill) in the middle of the final evaluation
-        return real_evaluate(self)
+        return real_evaluate(self, *args, **kwargs)
 
     monkeypatch.setattr(MultiGroupTrainer, "evaluate", killed_at_the_end)
     run = tmp_path / "r"

@@ -89,6 +89,7 @@ def test_4_trl_loss_reads_logprobs_through_the_overridden_private_forward(tiny_m
 
 def test_5_trl_divides_the_loss_by_the_accumulation_steps_we_set(tiny_model_and_tokenizer, tmp_path):
     tr = _adapter(tiny_model_and_tokenizer, tmp_path, loss_type="grpo")
+    tr.model.train()  # TRL normalises by the accumulation steps in training mode (the update's mode)
     inp = _inputs(tr.processing_class, adv=(1.0, 0.5))
     tr.set_accumulation(1)
     one = tr.grpo_loss(tr.model, dict(inp)).item()
@@ -100,6 +101,7 @@ def test_5_trl_divides_the_loss_by_the_accumulation_steps_we_set(tiny_model_and_
 def test_6_trl_metrics_are_collected_and_cleared(tiny_model_and_tokenizer, tmp_path):
     tr = _adapter(tiny_model_and_tokenizer, tmp_path)
     tr.model.train()  # TRL files a training forward's metrics under "train" (the update trains the model)
+    tr.set_accumulation(1)
     tr.grpo_loss(tr.model, _inputs(tr.processing_class))
     got = tr.pop_trl_metrics()
     assert any(k.startswith("clip_ratio") for k in got) and all(isinstance(v, float) for v in got.values())

@@ -80,7 +80,10 @@ def bad_files(tmp_path):
         (
             ["--model", "tiny-qwen3", "--model_groups.shared.backend", "openai"]
             + ["--model_groups.shared.trainable", "false"]
-            + ["--model_groups.shared.backend_options", "base_url=http://127.0.0.1:9/v1,model=m"],
+            + [
+                "--model_groups.shared.backend_options",
+                "base_url=http://127.0.0.1:9/v1,model=m,api_key_env=OPENAI_API_KEY",
+            ],
             ["OPENAI_API_KEY", "api_key_env"],
         ),
         (["--num_generations", "1"], ["num_generations must be >= 2"]),
