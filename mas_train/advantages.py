@@ -73,6 +73,7 @@ __all__ = [
     "compute_advantages",
     "compute_advantages_with_stats",
     "factorize",
+    "finite_scores",
     "factorize_named",
     "mean_std_by_key",
 ]
@@ -219,16 +220,8 @@ def compute_advantages_with_stats(
         raise ValueError(f"min_turn_samples must be an int >= 1, got {min_turn_samples!r}")
     if min_turn_samples < 1:
         raise ValueError(f"min_turn_samples must be an int >= 1, got {min_turn_samples!r}")
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 1:
-        raise ValueError(f"scores must be 1-D (one per sample), got shape {s.shape}")
+    s = finite_scores(scores)
     n = s.shape[0]
-    bad = np.flatnonzero(~np.isfinite(s))
-    if bad.size:
-        raise ValueError(
-            f"scores contain {bad.size} NaN/inf value(s), first at indices {bad[:5].tolist()}: "
-            f"{s[bad[:5]].tolist()}; check the reward function and the invalid-action penalty"
-        )
     task_group = factorize(group_ids, "group_ids", n)
     g = np.zeros(n, dtype=np.int64) if scope == "batch" else task_group
     # trajectories are keyed by (task group, traj id) so ids may repeat across groups
@@ -325,6 +318,24 @@ def _turn_positions(
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n) - run_start
     return position
+
+
+def finite_scores(scores: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``scores`` as a 1-D float64 array.
+
+    Raises:
+        ValueError: not 1-D, or a NaN/inf score (it would reach every advantage of its task group).
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1:
+        raise ValueError(f"scores must be 1-D (one per sample), got shape {s.shape}")
+    bad = np.flatnonzero(~np.isfinite(s))
+    if bad.size:
+        raise ValueError(
+            f"scores contain {bad.size} NaN/inf value(s), first at indices {bad[:5].tolist()}: "
+            f"{s[bad[:5]].tolist()}; check the reward function and the invalid-action penalty"
+        )
+    return s
 
 
 def mean_std_by_key(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mas_train.advantages import combine_keys, factorize, factorize_named, mean_std_by_key
+from mas_train.advantages import combine_keys, factorize, factorize_named, finite_scores, mean_std_by_key
 
 __all__ = ["AgentLemmaStats", "lemma_factors", "lemma_metrics"]
 
@@ -74,16 +74,8 @@ def lemma_factors(
     Raises:
         ValueError: as :func:`compute_advantages` (lengths, NaN/inf scores, unhashable ids).
     """
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 1:
-        raise ValueError(f"scores must be 1-D (one per sample), got shape {s.shape}")
+    s = finite_scores(scores)
     n = s.shape[0]
-    bad = np.flatnonzero(~np.isfinite(s))
-    if bad.size:
-        raise ValueError(
-            f"scores contain {bad.size} NaN/inf value(s), first at indices {bad[:5].tolist()}: "
-            f"{s[bad[:5]].tolist()}; check the reward function and the invalid-action penalty"
-        )
     g = factorize(group_ids, "group_ids", n)
     t = combine_keys(g, factorize(traj_ids, "traj_ids", n))
     a_codes, agent_names = factorize_named(agent_ids, "agent_ids", n)
