@@ -245,6 +245,11 @@ class TrainConfig:
                 "has none; use advantage_mode drmas (or agent_mean / agent_std), or advantage_scope group"
             )
         check_min("advantage_turn_min_samples", self.advantage_turn_min_samples, 1)
+        if self.advantage_turn_min_samples != 2 and self.advantage_scope != "turn":
+            raise ConfigError(
+                f"advantage_turn_min_samples {self.advantage_turn_min_samples} only applies with advantage_scope "
+                f"turn (this run groups by {self.advantage_scope!r}); set advantage_scope turn or drop it"
+            )
         check_choice("backend", self.backend, BACKENDS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("pool", self.pool, POOLS)

@@ -156,3 +156,11 @@ def test_the_config_refuses_grpo_with_turn_scope_and_a_zero_threshold():
         TrainConfig.from_dict({"advantage_scope": "turn", "advantage_turn_min_samples": 0})
     cfg = TrainConfig.from_dict({"advantage_scope": "turn", "advantage_turn_min_samples": 3})
     assert (cfg.advantage_scope, cfg.advantage_turn_min_samples) == ("turn", 3)
+
+
+def test_turn_min_samples_without_the_turn_scope_is_refused_not_ignored():
+    from mas_train.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="only applies with advantage_scope turn"):
+        TrainConfig.from_dict({"advantage_turn_min_samples": 3})
+    assert TrainConfig.from_dict({"advantage_scope": "turn", "advantage_turn_min_samples": 3})
