@@ -43,11 +43,13 @@ __all__ = [
     "first_block",
     "golden_answers_of",
     "information_block",
+    "is_supporting_passage",
     "last_block",
     "parse_action",
     "resolve_retriever",
     "run_search",
     "score_answer",
+    "search_found_evidence",
 ]
 
 
@@ -315,6 +317,44 @@ def contains_answer(passages: Sequence[Passage], golden_answers: Sequence[str]) 
     return any(f" {g} " in t for g in golds for t in texts)
 
 
+def is_supporting_passage(passage: Passage, task: Mapping[str, Any]) -> bool:
+    """Whether ``passage`` is one of the task's gold passages: its ``id`` is in the task's ``supporting_ids``
+    and, when the task also lists ``supporting_titles``, its title is one of them.
+
+    The ids are those of the corpus the task was made for (the bundled HotpotQA corpus, a ``multihop`` world);
+    the title check keeps a HotpotQA row searched on another corpus (a Wikipedia server), where the same id
+    names an unrelated passage, from counting it. ``False`` for a task without ``supporting_ids``.
+    """
+    if passage.id not in answer_strings(task.get("supporting_ids")):
+        return False
+    titles = answer_strings(task.get("supporting_titles"))
+    return not titles or passage.title in titles
+
+
+def search_found_evidence(
+    passages: Sequence[Passage], before: Sequence[Passage], task: Mapping[str, Any]
+) -> bool:
+    """The searcher's role rule: whether one search brought evidence the episode did not have yet.
+
+    True when a passage of ``passages`` was not among ``before`` (same ``id`` and ``contents``) and either
+    contains a golden answer (:func:`contains_answer`) or is a gold passage (:func:`is_supporting_passage`).
+    So on a 2-hop question the search that finds the bridge passage (no answer in it, but gold) scores, as
+    does the one that then finds the answer passage; repeating a query that found them does not.
+
+    Args:
+        passages: what this search returned (empty after a retriever error).
+        before: every passage retrieved earlier in the episode.
+        task: the task row (``golden_answers`` / ``answer``, optional ``supporting_ids``,
+            ``supporting_titles``).
+    """
+    seen = {(p.id, p.contents) for p in before}
+    golds = golden_answers_of(dict(task))
+    return any(
+        (p.id, p.contents) not in seen and (contains_answer([p], golds) or is_supporting_passage(p, task))
+        for p in passages
+    )
+
+
 class SearchMetricsMixin(TextAECEnv):
     """The search envs' per-episode metrics (``Outcome.metrics``; the trainer logs the mean over a step's
     episodes as ``env/<name>`` and over an evaluation as ``eval/env/<name>``):
@@ -326,6 +366,10 @@ class SearchMetricsMixin(TextAECEnv):
     * ``answer_em``, ``answer_f1``: exact match and token F1 of the graded answer (0 without one);
     * ``turns/<agent>``: actions of each agent in the episode;
     * the env's own (search-3agent adds the verifier's).
+
+    It also keeps the role scores of the episode's turns (``self.role_scores``, turn -> float, handed to
+    ``Outcome.role_rewards``): :meth:`_search` scores the acting turn by :func:`search_found_evidence`; the
+    env scores its other turns itself.
 
     Envs search with :meth:`_search` (``self.retriever``, ``self.topk``) and end with
     :meth:`search_metrics`.
@@ -339,13 +383,17 @@ class SearchMetricsMixin(TextAECEnv):
         self.retrieval_errors = 0
         self.searches = 0
         self.retrieved: list[Passage] = []
+        self.role_scores: dict[int, float] = {}
         super().reset(seed=seed, options=options)
 
     def _search(self, query: str) -> str:
-        """Search ``query`` (never raises); returns the information-block body and counts a failure."""
+        """Search ``query`` (never raises); returns the information-block body, counts a failure and gives the
+        acting turn its role score (:func:`search_found_evidence`)."""
         passages, body, failed = _search(self.retriever, query, self.topk)
         self.retrieval_errors += failed
         self.searches += 1
+        found = search_found_evidence(passages, self.retrieved, self.current_task)
+        self.role_scores[self.turn] = float(found)
         self.retrieved.extend(passages)
         return body
 

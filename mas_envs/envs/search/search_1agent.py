@@ -10,7 +10,7 @@
 | Reward | R = exact match (SQuAD normalisation) of the answer against `golden_answers`; `-c` (default 0.01) on an invalid turn |
 | Termination | the agent answered |
 | Truncation | `max_turns` turns without an answer (R = 0) |
-| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches`, `episode_metrics`: `searches`, `retrieval_errors`, `evidence_hit`, `answer_em`, `answer_f1`, `turns/agent` (as in `search-3agent`) |
+| infos at the end | `team_reward`, `success`, `f1`, `answer`, `num_searches`, `episode_metrics`: `searches`, `retrieval_errors`, `evidence_hit`, `answer_em`, `answer_f1`, `turns/agent` (as in `search-3agent`); `role_rewards` (below) |
 
 Each turn the first action tag decides: a search runs the retriever and appends the query and an
 `<information>` block to the transcript the agent sees next turn; an answer ends the episode (the last
@@ -20,13 +20,20 @@ turn is still run, but the episode then ends by truncation with R = 0, as in Sea
 `mas_envs.envs.search.common`; arguments as in `search-3agent` (a query is cut to its first 512
 characters before it is searched; a task without a usable gold answer makes `reset` raise `ValueError`).
 
+**Role rewards** (`infos["agent"]["role_rewards"]` at the end, turn -> score, never in the returns; the rules
+of `search-3agent`, docs/envs.md "Role rewards"): a search turn scores 1 if its query returned a passage not
+retrieved earlier that contains a golden answer or is a gold passage (`supporting_ids`), else 0; the answer
+turn scores its EM; a turn with neither action (or an empty query) scores 0. A format fault of an action still
+carried out costs c and does not zero the score.
+
 `prompt_style="fewshot"` (small models, `mas_envs.envs.search.prompts`): a one-line system turn, two example
 conversations (a 1-hop and a 2-hop one: search, passages as the next user turn, answer), then the live
 conversation in that shape, each action an assistant turn and each `<information>` block or format reminder
 a user turn; `Answer now.` on the last turn.
 
-**Version history.** v0: first version; `prompt_style` and the episode metrics besides `retrieval_errors`
-added later (the default, `"paper"`, is the v0 prompt unchanged).
+**Version history.** v0: first version; `prompt_style`, the episode metrics besides `retrieval_errors` and
+the role scores (side information) added later (the default, `"paper"`, is the v0 prompt unchanged;
+observations and returns did not change).
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
         AGENT: ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "Paris")
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
+    role_reward_agents: ClassVar[tuple[str, ...]] = (AGENT,)
     default_tasks: ClassVar[str | None] = "hotpotqa"  # the bundled train split (100 questions)
     default_eval_tasks: ClassVar[str] = (
         "hotpotqa-dev"  # the other 50: no question shared with the train split
@@ -118,8 +126,10 @@ class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
     def apply_action(self, agent: str, action: str) -> Transition:
         parsed = parse_action(action, allowed=("search", "answer"))
         self.steps.append(action)
+        self.role_scores[self.turn] = 0.0  # a turn that neither searches nor answers; the rest overwrite it
         if parsed.kind == "answer":
             self.answer = parsed.content
+            self.role_scores[self.turn] = score_answer(self.answer, self.current_task)[0]
             return Transition(invalid=parsed.invalid, next_agent=None)
         if parsed.kind == "search" and parsed.content:
             body = self._search(parsed.content)
@@ -134,7 +144,12 @@ class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
     def episode_outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.current_task)
         self.infos[AGENT].update({"f1": f1, "answer": self.answer, "num_searches": self.num_searches})
-        return Outcome(team_reward=em, success=em == 1.0, metrics=self.search_metrics(self.answer))
+        return Outcome(
+            team_reward=em,
+            success=em == 1.0,
+            metrics=self.search_metrics(self.answer),
+            role_rewards=dict(self.role_scores),
+        )
 
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         turn = len(self.steps) // 2 + 1
@@ -174,6 +189,7 @@ class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
                 team_reward=1.0,
                 success=True,
                 env_kwargs=kwargs,
+                role_rewards={0: 1.0, 1: 1.0},  # the search finds the answer; EM 1
             ),
             GoldenEpisode(
                 name="malformed turn, then max_turns=2 runs out on a search",
@@ -185,6 +201,7 @@ class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
                 success=False,
                 env_kwargs={**kwargs, "max_turns": 2},
                 truncated=True,
+                role_rewards={0: 0.0, 1: 1.0},  # no action scores 0; the last-turn search still found it
             ),
         ]
 

@@ -10,7 +10,7 @@
 | Reward | R = exact match of the answer against `golden_answers` after SQuAD normalisation (0 without an answer), to every agent at the end; `-c` (default c = 0.01) to an agent on an invalid action |
 | Termination | the answerer answered (or, with `last_turn="verify"`, the verifier said no on the last turn) |
 | Truncation | never: the last turn always ends in a termination |
-| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` (below) |
+| infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` and `role_rewards` (below) |
 
 **Turns.** A turn is one verifier decision plus the action it routes to, as in the reference
 (`env.max_steps`); `infos[a]["turn"]` still counts single agent actions, as in every `mas_envs` env.
@@ -42,6 +42,21 @@ contains a golden answer, SQuAD-normalised, whole words), `answer_em`, `answer_f
 `verifier_accuracy` (a verdict is right when it says yes exactly when the passages retrieved so far contain the
 answer) and `verifier_yes_rate` (both absent without a valid verdict).
 
+**Role rewards** (`Outcome.role_rewards`, `infos[agent]["role_rewards"]` at the end, turn -> score; they
+never enter the returns, a trainer weighs them in with `agents.<agent>.reward_weights`; docs/envs.md "Role
+rewards"). Every action turn of all three agents gets one:
+
+* verifier: 1 if its verdict is right (`yes` exactly when the passages retrieved so far contain a golden
+  answer: the `verifier_accuracy` rule, computed once per verdict for both), else 0; no `yes`/`no` verdict: 0;
+* searcher: 1 if its query returned a passage not retrieved earlier in the episode that contains a golden
+  answer or is a gold passage (id in the task's `supporting_ids`, title in its `supporting_titles` when
+  given; `common.search_found_evidence`), else 0; no search run (or a failed one): 0. On a 2-hop question
+  the search for the bridge passage and the one for the answer passage both score; a repeat does not;
+* answerer: EM of the graded answer (R itself); 0 without an answer.
+
+A format fault of an action that was still carried out (a search or answer without `<think>`) costs the
+penalty c, as in the returns, and does not zero the score.
+
 **Prompt styles.** `prompt_style="paper"` (default): the prompts above, right for 4B+ models and the paper's
 runs. `"fewshot"`, for ~100M models (`mas_envs.envs.search.prompts`): a one-line system turn and worked
 examples as earlier chat turns (question and search history → the reply in the exact format), then the live
@@ -56,8 +71,9 @@ first use from shipped embeddings; needs the `search` extra). `topk` passages pe
 searched, without penalty; the history shows the cut query. A task needs a usable gold answer (`golden_answers`
 or `answer`: a string, a number or a list of them), else `reset` raises `ValueError`. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
 
-**Version history.** v0: first version; `prompt_style` and the episode metrics besides `retrieval_errors`
-added later (the default, `"paper"`, is the v0 prompt unchanged, and parsing and rewards did not change).
+**Version history.** v0: first version; `prompt_style`, the episode metrics besides `retrieval_errors` and
+the role scores (`infos[agent]["role_rewards"]`, side information) added later (the default, `"paper"`, is the
+v0 prompt unchanged, and parsing, observations and returns did not change).
 """
 
 from __future__ import annotations
@@ -130,6 +146,7 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
         ANSWERER: ("<think>", "</think>", "<answer>", "</answer>", "<search>", "yes"),
     }
     default_invalid_action_penalty: ClassVar[float] = 0.01
+    role_reward_agents: ClassVar[tuple[str, ...]] = (VERIFIER, SEARCHER, ANSWERER)
     default_tasks: ClassVar[str | None] = "hotpotqa"  # the bundled train split (100 questions)
     default_eval_tasks: ClassVar[str] = (
         "hotpotqa-dev"  # the other 50: no question shared with the train split
@@ -173,7 +190,7 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
         self.history: list[tuple[str, str]] = []
         self.verifier_reply: str | None = None
         self.answer: str | None = None
-        self.verdicts: list[tuple[bool, bool]] = []  # (said yes, the evidence so far held the answer)
+        self.verdicts: list[tuple[bool, bool]] = []  # (said yes, right: yes exactly when the evidence has it)
         return self._turn_opener()
 
     def _turn_opener(self) -> str:
@@ -186,8 +203,10 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
             verdict = first_block(action, "verify")
             verdict = verdict.lower() if verdict is not None else None
             invalid = verdict not in ("yes", "no")
-            if not invalid:
-                self.verdicts.append((verdict == "yes", self.evidence_has_answer()))
+            right = not invalid and (verdict == "yes") == self.evidence_has_answer()
+            if not invalid:  # one rule for the metric and the role score; a reply without a verdict scores 0
+                self.verdicts.append((verdict == "yes", right))
+            self.role_scores[self.turn] = float(right)
             if verdict == "no":
                 if self.search_turn >= self.turn_limit:
                     return Transition(invalid=False, next_agent=None)  # last_turn="verify": no answer
@@ -205,11 +224,13 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
                 info = information_block(f"No search was run: {parsed.reason}.")
                 self.history.append(("", info))
                 self._note_after(info)
+                self.role_scores[self.turn] = 0.0
             self.search_turn += 1
             self.verifier_reply = None
             return Transition(invalid=parsed.invalid, next_agent=self._turn_opener())
         parsed = parse_action(action, allowed=("answer",))
         self.answer = parsed.content if parsed.kind == "answer" else None
+        self.role_scores[self.turn] = score_answer(self.answer, self.current_task)[0]
         return Transition(invalid=parsed.invalid, next_agent=None)
 
     def episode_outcome(self) -> Outcome:
@@ -220,9 +241,11 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
             )
         metrics = self.search_metrics(self.answer)
         if self.verdicts:
-            metrics["verifier_accuracy"] = sum(y == ok for y, ok in self.verdicts) / len(self.verdicts)
+            metrics["verifier_accuracy"] = sum(right for _, right in self.verdicts) / len(self.verdicts)
             metrics["verifier_yes_rate"] = sum(y for y, _ in self.verdicts) / len(self.verdicts)
-        return Outcome(team_reward=em, success=em == 1.0, metrics=metrics)
+        return Outcome(
+            team_reward=em, success=em == 1.0, metrics=metrics, role_rewards=dict(self.role_scores)
+        )
 
     # --- prompts -----------------------------------------------------------------------------------------
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
@@ -275,6 +298,8 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
                 team_reward=1.0,
                 success=True,
                 env_kwargs=kwargs,
+                # no before any evidence (right), the query finds the answer, yes with it (right), EM 1
+                role_rewards={0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0},
             ),
             GoldenEpisode(
                 name="invalid verdict routes to the answerer, wrong answer",
@@ -285,6 +310,7 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
                 team_reward=0.0,
                 success=False,
                 env_kwargs=kwargs,
+                role_rewards={0: 0.0, 1: 0.0},  # no verdict scores 0; EM 0
             ),
             GoldenEpisode(
                 name="max_turns=2: no, search without think, forced answer on the last turn",
@@ -299,6 +325,8 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
                 team_reward=1.0,
                 success=True,
                 env_kwargs={**kwargs, "max_turns": 2},
+                # the search without <think> is penalised by c but still ran and found the answer: scored 1
+                role_rewards={0: 1.0, 1: 1.0, 2: 1.0},
             ),
         ]
 
