@@ -128,6 +128,35 @@ def test_last_turn_answer_mode_skips_the_verifier():
     assert env.agent_selection == "answerer"
 
 
+def test_first_turn_search_mode_starts_with_the_searcher():
+    env = SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES), max_turns=3, first_turn="search")
+    env.reset(options={"task": TASK})
+    assert env.agent_selection == "searcher"
+    actors, returns = play(
+        env,
+        [
+            f"{THINK}<search>Paris</search>",
+            "Doc 1 is about Paris. <verify>no</verify>",
+            f"{THINK}<search>Mongolia capital</search>",
+            f"{THINK}<answer>Ulaanbaatar</answer>",
+        ],
+    )
+    # turn 1: search (no verdict before evidence); turn 2: no -> search; turn 3 is the last: the answerer
+    assert actors == ["searcher", "verifier", "searcher", "answerer"]
+    assert returns == {"verifier": 1.0, "searcher": 1.0, "answerer": 1.0}
+    assert env.infos["answerer"]["num_searches"] == 2
+    assert env.infos["answerer"]["episode_metrics"]["turns/verifier"] == 1
+    # a yes after the first search answers at once
+    env.reset(options={"task": TASK})
+    actors, _ = play(
+        env,
+        [f"{THINK}<search>Mongolia</search>", "<verify>yes</verify>", f"{THINK}<answer>Ulaanbaatar</answer>"],
+    )
+    assert actors == ["searcher", "verifier", "answerer"]
+    with pytest.raises(ValueError, match="first_turn must be 'verify' or 'search'"):
+        SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES), first_turn="answer")
+
+
 def test_last_turn_verify_mode_late_no_is_worth_zero():
     env = SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES), max_turns=2, last_turn="verify")
     env.reset(options={"task": TASK})

@@ -2,7 +2,7 @@
 
 | | |
 |---|---|
-| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, last_turn="answer", prompt_style="paper")` |
+| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, first_turn="verify", last_turn="answer", prompt_style="paper")` |
 | Agents | `verifier`, `searcher`, `answerer` |
 | Turn order | each turn: `verifier` → (`no`) `searcher` → next turn, or (`yes`) `answerer` → end |
 | Observation | the agent's prompt: question, every past query with its `<information>` block, role instructions |
@@ -19,6 +19,9 @@ Turn `t` of `max_turns`:
 * `t < max_turns`: the verifier decides. `no` → the searcher writes a query; the env runs the retriever
   (top-`topk`) and appends the query and an `<information>` block to the history every agent sees; then turn
   `t + 1`. `yes` → the answerer answers and the episode ends.
+* `t == 1`, `first_turn="search"`: nothing has been searched, so there is nothing to verify; the verifier is
+  not asked and the searcher writes the first query (the verifier's first verdict comes after the first search).
+  `first_turn="verify"` (default, the reference) asks the verifier on turn 1 too.
 * `t == max_turns`, `last_turn="answer"` (default): there is nothing left to decide, so the verifier is not
   asked; the answerer answers from the evidence gathered. Every episode therefore ends with an answer.
 * `t == max_turns`, `last_turn="verify"` (the reference's behaviour): the verifier is asked; `yes` → the
@@ -67,12 +70,12 @@ passage rendering, rewards and turn order are the same in both.
 `mas-index serve` / Search-R1 server, an index directory, a `multihop?seed=N` spec (FAISS over the generated
 world's corpus, `mas_envs.envs.search.multihop`), or `None` for the bundled HotpotQA index (built on
 first use from shipped embeddings; needs the `search` extra). `topk` passages per search. `max_turns` turns.
-`last_turn` as above. A query is cut to its first 512 characters (`MAX_QUERY_CHARS`) before it is
+`first_turn` and `last_turn` as above. A query is cut to its first 512 characters (`MAX_QUERY_CHARS`) before it is
 searched, without penalty; the history shows the cut query. A task needs a usable gold answer (`golden_answers`
 or `answer`: a string, a number or a list of them), else `reset` raises `ValueError`. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
 
 **Version history.** v0: first version; `prompt_style`, the episode metrics besides `retrieval_errors` and
-the role scores (`infos[agent]["role_rewards"]`, side information) added later (the default, `"paper"`, is the
+the role scores (`infos[agent]["role_rewards"]`, side information) and `first_turn` added later (the default, `"paper"`, is the
 v0 prompt unchanged, and parsing, observations and returns did not change).
 """
 
@@ -158,6 +161,7 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
         retriever: Retriever | str | Sequence[str] | None = None,
         topk: int = 3,
         max_turns: int = 4,
+        first_turn: str = "verify",
         last_turn: str = "answer",
         prompt_style: str = "paper",
         tasks: Sequence[dict[str, Any]] | str | None = None,
@@ -169,6 +173,8 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
         check_retriever_arg(retriever)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if first_turn not in ("verify", "search"):
+            raise ValueError(f"first_turn must be 'verify' or 'search', got {first_turn!r}")
         if last_turn not in ("answer", "verify"):
             raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
         self.prompt_style = check_prompt_style(prompt_style)
@@ -181,6 +187,7 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
         self.retriever = retriever
         self.topk = topk
         self.turn_limit = max_turns
+        self.first_turn = first_turn
         self.last_turn = last_turn
 
     # --- episode logic -----------------------------------------------------------------------------------
@@ -195,7 +202,11 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
 
     def _turn_opener(self) -> str:
         last = self.search_turn >= self.turn_limit
-        return ANSWERER if last and self.last_turn == "answer" else VERIFIER
+        if last and self.last_turn == "answer":
+            return ANSWERER
+        if self.search_turn == 1 and self.first_turn == "search":
+            return SEARCHER
+        return VERIFIER
 
     def apply_action(self, agent: str, action: str) -> Transition:
         if agent == VERIFIER:
