@@ -70,7 +70,13 @@ LAPTOP_DEFAULTS["math-1agent"] = {**LAPTOP_DEFAULTS["math-2agent"]}
 # examples/search_3agent_cpu.yaml; measured in docs/training.md ("The default search run").
 _MULTIHOP = "multihop?seed=0"
 LAPTOP_DEFAULTS["search-3agent"] = {
-    "env_kwargs": {"prompt_style": "fewshot", "retriever": _MULTIHOP, "topk": 1, "max_turns": 3},
+    "env_kwargs": {
+        "prompt_style": "fewshot",
+        "retriever": _MULTIHOP,
+        "topk": 1,
+        "max_turns": 3,
+        "first_turn": "search",
+    },
     "train_data": _MULTIHOP + "&split=train",
     "eval_data": _MULTIHOP + "&split=dev",
     "model_sharing": "shared_lora",

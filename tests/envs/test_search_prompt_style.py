@@ -22,7 +22,10 @@ def test_three_agent_fewshot_prompts():
     n = len(FEWSHOT_EXAMPLES_3AGENT["verifier"])
     assert [m["role"] for m in msgs] == ["system"] + ["user", "assistant"] * n + ["user"]
     assert msgs[0]["content"] == FEWSHOT_SYSTEM["verifier"]
-    assert msgs[2]["content"] == "Nothing was searched yet. <verify>no</verify>"
+    # verdicts of the examples: a 1-hop yes, a 2-hop yes after two searches, a 2-hop no after one (last)
+    verdicts = [m["content"].rsplit("<verify>", 1)[1] for m in msgs[2:-1:2]]
+    assert verdicts == ["yes</verify>", "yes</verify>", "no</verify>"]
+    assert msgs[-2]["content"] == "Dulmar is not a country. <verify>no</verify>"
     assert msgs[-1]["content"] == "Question: Where was Tolu Marsk born?\nNo search yet."
     env.step("<verify>no</verify>")
     env.step("<think>t</think><search>Tolu Marsk</search>")

@@ -780,6 +780,7 @@ def test_plain_search_run_is_its_written_out_example_config_and_the_paper_settin
         "retriever": "multihop?seed=0",
         "topk": 1,
         "max_turns": 3,
+        "first_turn": "search",
     }
     assert (plain.train_data, plain.eval_data) == ("multihop?seed=0&split=train", "multihop?seed=0&split=dev")
     assert (plain.eval_num_tasks, plain.eval_k) == (50, 4)  # the issue: >= 50 held-out questions x k >= 4

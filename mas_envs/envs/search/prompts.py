@@ -59,12 +59,14 @@ FEWSHOT_SYSTEM = {
     "answerer": "Answer the question from the search results.",
 }
 # (question, history, reply). Prefill of the examples is most of a turn's cost on a CPU, so each agent has the
-# fewest examples that show its format: two per agent, three for the verifier, whose verdicts alternate
-# (no / yes / no: with examples that all end the same way a small model copies that verdict).
+# fewest examples that show its format: two per agent, three for the verifier: a 1-hop yes, a 2-hop yes after two
+# searches and a 2-hop no after one. A small model copies the last example's verdict most: with a yes last it said
+# yes 87 % of the time (accuracy 0.40), with "nothing searched → no" first and a no last it never said yes; this
+# order gave 21 % yes, accuracy 0.70 (16 dev questions × 4, SmolLM2-135M, first_turn="search").
 FEWSHOT_EXAMPLES_3AGENT: dict[str, tuple[tuple[str, tuple[tuple[str, str], ...], str], ...]] = {
     "verifier": (
-        (_Q1, (), "Nothing was searched yet. <verify>no</verify>"),
         (_Q1, _H_TOLU, "Doc 1 says Kelvor. <verify>yes</verify>"),
+        (_Q2, _H_RINA2, "Doc 2 says Prenia. <verify>yes</verify>"),
         (_Q2, _H_RINA, "Dulmar is not a country. <verify>no</verify>"),
     ),
     "searcher": (
