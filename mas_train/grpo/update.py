@@ -46,7 +46,7 @@ import torch
 from mas_train.grpo.importance import importance_ratio
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, grpo_args
-from mas_train.models import resolve_dtype
+from mas_train.precision import resolve_precision
 from mas_train.rollout import Sample
 
 __all__ = ["GroupGRPOTrainer", "ShardPlan", "build_group_trainer", "grpo_args"]
@@ -437,7 +437,7 @@ def build_group_trainer(
         max_steps=cfg.max_steps,
         seed=cfg.seed,
         use_cpu=not device.startswith("cuda"),
-        bf16=resolve_dtype(g.dtype, device) == "bfloat16",
+        bf16=resolve_precision(g.dtype, device, lora=g.lora is not None).autocast,
         temperature=temperature,
         **kwargs,
     )
