@@ -20,8 +20,16 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["NATIVE_BF16_FLAGS", "Precision", "cpu_native_bf16", "native_bf16_from_flags", "resolve_precision"]
+__all__ = [
+    "NATIVE_BF16_FLAGS",
+    "Precision",
+    "cpu_native_bf16",
+    "native_bf16_from_flags",
+    "resolve_precision",
+    "tis_rule",
+]
 
 #: CPU flags (``/proc/cpuinfo``) of units that compute bf16 products natively: Intel AMX, AVX-512 BF16 (Intel
 #: Cooper Lake and later, AMD Zen 4 and later)
@@ -121,3 +129,32 @@ def resolve_precision(
     if lora:
         return Precision("bfloat16", False, f"bf16 base weights, fp32 LoRA adapters and AdamW: {why}")
     return Precision("float32", True, f"fp32 master weights and AdamW, bf16 autocast: {why}")
+
+
+def tis_rule(group: Any, precision: Precision) -> tuple[bool, str]:
+    """Whether model group ``group``'s update applies the importance-sampling correction, and why.
+
+    The correction (TRL's ``vllm_importance_sampling_*``, :mod:`mas_train.grpo.importance`) corrects for a sampler
+    whose logprobs are not the trainer's. It is applied where the two differ and nowhere else:
+
+    * another engine samples (every backend but ``hf``: vLLM, SGLang, a server): always;
+    * the ``hf`` backend samples with the trainer's own weights and kernels family; its logprobs equal the
+      trainer's to fp32 rounding (~1e-6) when both compute in fp32, so the correction is off there, and on when
+      either side computes in bf16 or fp16 (a bf16 private copy, a bf16 base, bf16 autocast: ~1e-2 apart).
+
+    ``grpo.vllm_importance_sampling_correction`` set explicitly wins either way.
+
+    Args:
+        group: a resolved model group (``backend``, ``backend_options``, ``grpo_config_kwargs()``).
+        precision: the group's :func:`resolve_precision`.
+    """
+    given = group.grpo_config_kwargs().get("vllm_importance_sampling_correction")
+    if given is not None:
+        return bool(given), "as set (grpo.vllm_importance_sampling_correction)"
+    if group.backend != "hf":
+        return True, f"the {group.backend} backend samples with its own kernels"
+    sampling = getattr(group.backend_options, "dtype", None) or precision.weights
+    if sampling == "float32" and precision.computes_fp32:
+        return False, "fp32 HF sampler and fp32 trainer"
+    trainer = "bf16 autocast" if precision.autocast else precision.weights
+    return True, f"HF sampler in {sampling}, trainer in {trainer}"

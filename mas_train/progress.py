@@ -97,15 +97,18 @@ def print_banner(plan: Any, out) -> None:
 
 
 def _precision_note(group: Any, device: str) -> str:
-    """``"; fp32: CPU has no native bf16 (AVX2)"``: the dtype the group's local weights compute in and why
-    (:func:`mas_train.precision.resolve_precision`); empty for an endpoint or a server (no local weights)."""
+    """``"; fp32: CPU has no native bf16 (AVX2); importance-sampling correction off: fp32 HF sampler and fp32
+    trainer"``: the dtype the group's local weights compute in and whether its update corrects for the sampler,
+    each with why (:mod:`mas_train.precision`); empty for an endpoint (no local weights)."""
     from mas_train.backends import backend_kind
     from mas_train.models import resolve_device
-    from mas_train.precision import resolve_precision
+    from mas_train.precision import resolve_precision, tis_rule
 
     if not backend_kind(group.backend).can_train:
         return ""
-    return "; " + resolve_precision(group.dtype, resolve_device(device), lora=group.lora is not None).reason
+    precision = resolve_precision(group.dtype, resolve_device(device), lora=group.lora is not None)
+    tis, why = tis_rule(group, precision)
+    return f"; {precision.reason}; importance-sampling correction {'on' if tis else 'off'}: {why}"
 
 
 def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:

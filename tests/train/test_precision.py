@@ -160,7 +160,10 @@ def test_make_policy_loads_and_trains_in_the_chosen_dtype(
     )
     print_banner(plan, out)
     line = next(x for x in out.getvalue().splitlines() if x.startswith("  model group"))
-    assert line.endswith("; " + resolve_precision("auto", "cpu", lora=lora, native=native).reason)
+    prec = resolve_precision("auto", "cpu", lora=lora, native=native)
+    tis = "off: fp32 HF sampler and fp32 trainer" if prec.computes_fp32 else "on: HF sampler in "
+    assert f"; {prec.reason}; importance-sampling correction {tis}" in line
+    assert trainer.args.vllm_importance_sampling_correction is not prec.computes_fp32
 
 
 def test_dtype_float32_forces_fp32_on_a_native_bf16_cpu(monkeypatch, tmp_path, tiny_qwen3_path):
