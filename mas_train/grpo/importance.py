@@ -3,8 +3,10 @@
 The backend samples a completion with logprobs ``logp_sample``; the trainer's forward of the same tokens gives
 ``logp_old`` (the policy before the update). They differ (another engine, other kernels, rounding), so the
 per-token advantages are reweighted by ``w = exp(logp_old − logp_sample)`` as TRL does for vLLM
-(``vllm_importance_sampling_*`` settings), for every backend here: token- or sequence-level, truncated (``w``
-capped to ``[clip_min, clip_max]``) or masked (``w = 0`` outside it).
+(``vllm_importance_sampling_*`` settings), for any backend: token- or sequence-level, truncated (``w``
+capped to ``[clip_min, clip_max]``) or masked (``w = 0`` outside it). Where it is applied is decided per model
+group by :func:`mas_train.precision.tis_rule` (where sampler and trainer differ); the mismatch itself is measured
+per agent in every update (:class:`SamplerCheck`).
 """
 
 from __future__ import annotations

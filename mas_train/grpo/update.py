@@ -15,7 +15,9 @@ What TRL would do and we do ourselves:
   ``-min(r·A·w, clip(r)·A·w) = w · -min(r·A, clip(r)·A)``, identical to TRL's post-hoc multiplication for the
   ``grpo/bnpo/dr_grpo/dapo/luspo/cispo/sapo`` losses; ``vespo`` gets the ratio through its own
   ``importance_sampling_ratio`` input instead. With ``num_iterations == 1`` the old policy *is* the current
-  one, so ``w`` is computed from the training forward itself (no extra forward pass).
+  one, so ``w`` is computed from the training forward itself (no extra forward pass). Applied only where the
+  sampler and the trainer differ (:func:`mas_train.precision.tis_rule`, via ``vllm_importance_sampling_correction``);
+  the per-agent mismatch is measured either way (:class:`~mas_train.grpo.importance.SamplerCheck`).
 * **mask_truncated_completions**: a completion the backend cut at ``max_new_tokens`` (``finish_reason ==
   "length"``) gets an all-zero completion mask, so it takes no part in the loss (TRL applies the setting in
   ``_generate_and_score_completions``, which this update bypasses).
