@@ -18,8 +18,15 @@ training steps (no evaluation, no checkpoint), reading each step's own timers (`
   (the shared-prefix forward, zero-advantage samples) still counts, so a step can exceed 1.
 
 Peak RSS is this process's ``ru_maxrss`` (model load included), the figure ``/usr/bin/time -v`` reports.
-JSON keys: ``gen_roof_frac``, ``update_roof_frac``, ``peak_rss_gb``, ``step_s`` (median over steps) and the
-raw numbers they come from.
+
+bf16 side by side: after the steps as configured, the same steps run again in the same process in the other
+precision (``mas_train.precision``): fp32 (``--dtype float32``) where ``dtype: auto`` picked bf16, else the bf16
+rule of a CPU with native bf16, forced (on a CPU without it, e.g. AVX2 only, bf16 then runs emulated and slower).
+``bf16_update_speedup`` is the bf16 run's update FLOP/s over the fp32 run's (FLOP/s, since the two runs sample
+different completions); ``native_bf16`` is what the CPU reported (:func:`mas_train.precision.cpu_native_bf16`).
+
+JSON keys: ``gen_roof_frac``, ``update_roof_frac``, ``peak_rss_gb``, ``step_s`` (median over steps),
+``native_bf16`` (+ ``native_bf16_reason``), ``bf16_update_speedup`` and the raw numbers they come from.
 """
 
 from __future__ import annotations
@@ -53,37 +60,128 @@ def main() -> None:
 
     from mas_train.command import quiet_libraries
     from mas_train.config import parse_args
-    from mas_train.trainer import MultiGroupTrainer
+    from mas_train.precision import cpu_native_bf16
 
     threads = set_threads(a.threads)
     quiet_libraries()
-    out_dir = tempfile.mkdtemp(prefix="mas-bench-step-")
     argv = ["--env", a.env, "--max_steps", str(a.steps), "--eval_steps", "0", "--save_steps", "0"]
     if a.micro_batch_size is not None:
         argv += ["--micro_batch_size", str(a.micro_batch_size)]
-    cfg = parse_args([*argv, "--output_dir", out_dir, *extra])
-    import mas_envs
-
-    agents = list(mas_envs.make(cfg.env, **cfg.env_make_kwargs()).possible_agents)
-    resolved = cfg.resolve(agents)
-    trainer = MultiGroupTrainer(resolved)
+    native, native_why = cpu_native_bf16()
+    cfg = parse_args([*argv, "--output_dir", tempfile.mkdtemp(prefix="mas-bench-step-"), *extra])
     bw, gemm = copy_bandwidth(), gemm_flops()
     rows = cfg.tasks_per_step * cfg.num_generations
-    # FLOP per trained token: every weight of the model is read (N counts the frozen base of a LoRA group too)
-    flop_per_token = {}
-    for g in trainer.groups:
-        w = trainer.pool.worker(g)
-        n = sum(p.numel() for p in w.model.parameters()) if w.model is not None else 0
-        flop_per_token[g] = (4 if getattr(w, "peft_model", None) is not None else 6) * n
-    w_bytes = {g: weight_bytes(trainer.pool.worker(g).model) for g in trainer.groups}
-    steps = []
+    rep, resolved, w_bytes, plan = _run(cfg, a.steps, rows, force_bf16=False)
+    rss = peak_rss_gb()  # of the run as configured; the other dtype's run below may add to it
+    # the same step in the other precision, in this process: bf16 (dtype auto's CPU rule, forced where the CPU
+    # has no native bf16, so it runs emulated) against fp32 (--dtype float32)
+    bf16_is_default = any(not p.computes_fp32 for p in plan.values())
+    other = parse_args(
+        [*argv, "--output_dir", tempfile.mkdtemp(prefix="mas-bench-step-"), *extra]
+        + ["--dtype", "float32" if bf16_is_default else "auto"]
+    )
+    rep_other, _, _, plan_other = _run(other, a.steps, rows, force_bf16=not bf16_is_default)
+    rep_bf16, rep_fp32 = (rep, rep_other) if bf16_is_default else (rep_other, rep)
+    med = {k: statistics.median(r[k] for r in rep) for k in rep[0]}
+    flops_bf16, flops_fp32 = (
+        statistics.median(r["update_flop"] / r["update_s"] for r in rr if r["update_s"] > 0)
+        for rr in (rep_bf16, rep_fp32)
+    )
+    wb = max(w_bytes.values())
+    roof_tps = rows * bw / wb
+    gen_tps = med["gen_tokens"] / med["gen_s"]
+    upd_flops = med["update_flop"] / med["update_s"] if med["update_s"] > 0 else 0.0
+    print(
+        f"env {cfg.env} | {a.steps} step(s) | G={cfg.num_generations} x {cfg.tasks_per_step} task(s) | "
+        f"micro-batch {cfg.micro_batch_size} | threads {threads} | medians over steps"
+    )
+    print(
+        f"  weights {wb / 1e9:.3f} GB | copy bandwidth {bw / 1e9:.1f} GB/s | fp32 GEMM {gemm / 1e9:.1f} GFLOP/s"
+    )
+    print(
+        f"  step {med['step_s']:.1f} s = generate {med['gen_s']:.1f} s + update {med['update_s']:.1f} s + rest"
+    )
+    print(
+        f"  generation {gen_tps:7.1f} tok/s  roof {roof_tps:7.1f} tok/s at {rows} rows  "
+        f"-> {gen_tps / roof_tps:.3f} of roof"
+    )
+    print(
+        f"  update     {upd_flops / 1e9:7.1f} GFLOP/s (4N/6N per token)  roof {gemm / 1e9:.1f}  "
+        f"-> {upd_flops / gemm:.3f} of roof"
+    )
+    print(f"  peak RSS   {rss:.2f} GB")
+    print(f"  native bf16: {native} ({native_why})")
+    for g, p in plan.items():
+        print(f"  model group {g!r}: {p.reason}")
+    for g, p in (plan_other if not bf16_is_default else {}).items():
+        print(f"  model group {g!r} in the bf16 run: {p.reason}")
+    print(
+        f"  update bf16 {flops_bf16 / 1e9:.1f} GFLOP/s vs fp32 {flops_fp32 / 1e9:.1f} GFLOP/s "
+        f"-> bf16_update_speedup {flops_bf16 / flops_fp32:.2f}"
+    )
+    emit(
+        {
+            "env": cfg.env,
+            "threads": threads,
+            "rows": rows,
+            "step_s": med["step_s"],
+            "gen_s": med["gen_s"],
+            "update_s": med["update_s"],
+            "gen_tok_s": gen_tps,
+            "gen_roof_tok_s": roof_tps,
+            "gen_roof_frac": gen_tps / roof_tps,
+            "update_gflop_s": upd_flops / 1e9,
+            "gemm_gflop_s": gemm / 1e9,
+            "update_roof_frac": upd_flops / gemm,
+            "bandwidth_gb_s": bw / 1e9,
+            "peak_rss_gb": rss,
+            "native_bf16": native,
+            "native_bf16_reason": native_why,
+            "bf16_update_gflop_s": flops_bf16 / 1e9,
+            "fp32_update_gflop_s": flops_fp32 / 1e9,
+            "bf16_update_speedup": flops_bf16 / flops_fp32,
+        },
+        a.json,
+    )
+
+
+def _run(cfg, n_steps: int, rows: int, *, force_bf16: bool):
+    """``n_steps`` training steps of ``cfg``, built as ``mas-train`` builds them: per step ``step_s``,
+    ``gen_s``, ``update_s``, ``gen_tokens``, ``update_flop``; the resolved config; each group's weight bytes and
+    :class:`~mas_train.precision.Precision`. ``force_bf16``: as if the CPU had native bf16 (dtype auto's rule)."""
+    import mas_envs
+    import mas_train.precision as precision
+    from mas_train.models import resolve_device
+    from mas_train.trainer import MultiGroupTrainer
+
+    detect = precision.cpu_native_bf16
+    if force_bf16:
+        precision.cpu_native_bf16 = lambda: (True, "forced by the benchmark")
     try:
-        for _ in range(a.steps):
-            m, _ = trainer.train_step()
-            gen_tokens = sum(m.get(f"charts/num_tokens/{g}", 0.0) for g in trainer.groups)
-            steps.append((m, gen_tokens))
+        agents = list(mas_envs.make(cfg.env, **cfg.env_make_kwargs()).possible_agents)
+        resolved = cfg.resolve(agents)
+        plan = {
+            g: precision.resolve_precision(rg.dtype, resolve_device(cfg.device), lora=rg.lora is not None)
+            for g, rg in resolved.model_groups.items()
+        }
+        trainer = MultiGroupTrainer(resolved)
+        # FLOP per trained token: every weight of the model is read (N counts the frozen base of a LoRA group too)
+        flop_per_token = {}
+        for g in trainer.groups:
+            w = trainer.pool.worker(g)
+            n = sum(p.numel() for p in w.model.parameters()) if w.model is not None else 0
+            flop_per_token[g] = (4 if getattr(w, "peft_model", None) is not None else 6) * n
+        w_bytes = {g: weight_bytes(trainer.pool.worker(g).model) for g in trainer.groups}
+        steps = []
+        try:
+            for _ in range(n_steps):
+                m, _ = trainer.train_step()
+                gen_tokens = sum(m.get(f"charts/num_tokens/{g}", 0.0) for g in trainer.groups)
+                steps.append((m, gen_tokens))
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        precision.cpu_native_bf16 = detect
     # trained tokens (prompt + completion) from the per-agent means: turns per trajectory x trajectories
     rep = []
     for m, gen_tokens in steps:
@@ -105,50 +203,7 @@ def main() -> None:
                 "update_flop": trained,
             }
         )
-    med = {k: statistics.median(r[k] for r in rep) for k in rep[0]}
-    wb = max(w_bytes.values())
-    roof_tps = rows * bw / wb
-    gen_tps = med["gen_tokens"] / med["gen_s"]
-    upd_flops = med["update_flop"] / med["update_s"] if med["update_s"] > 0 else 0.0
-    rss = peak_rss_gb()
-    print(
-        f"env {cfg.env} | {a.steps} step(s) | G={cfg.num_generations} x {cfg.tasks_per_step} task(s) | "
-        f"micro-batch {cfg.micro_batch_size} | threads {threads} | medians over steps"
-    )
-    print(
-        f"  weights {wb / 1e9:.3f} GB | copy bandwidth {bw / 1e9:.1f} GB/s | fp32 GEMM {gemm / 1e9:.1f} GFLOP/s"
-    )
-    print(
-        f"  step {med['step_s']:.1f} s = generate {med['gen_s']:.1f} s + update {med['update_s']:.1f} s + rest"
-    )
-    print(
-        f"  generation {gen_tps:7.1f} tok/s  roof {roof_tps:7.1f} tok/s at {rows} rows  "
-        f"-> {gen_tps / roof_tps:.3f} of roof"
-    )
-    print(
-        f"  update     {upd_flops / 1e9:7.1f} GFLOP/s (4N/6N per token)  roof {gemm / 1e9:.1f}  "
-        f"-> {upd_flops / gemm:.3f} of roof"
-    )
-    print(f"  peak RSS   {rss:.2f} GB")
-    emit(
-        {
-            "env": cfg.env,
-            "threads": threads,
-            "rows": rows,
-            "step_s": med["step_s"],
-            "gen_s": med["gen_s"],
-            "update_s": med["update_s"],
-            "gen_tok_s": gen_tps,
-            "gen_roof_tok_s": roof_tps,
-            "gen_roof_frac": gen_tps / roof_tps,
-            "update_gflop_s": upd_flops / 1e9,
-            "gemm_gflop_s": gemm / 1e9,
-            "update_roof_frac": upd_flops / gemm,
-            "bandwidth_gb_s": bw / 1e9,
-            "peak_rss_gb": rss,
-        },
-        a.json,
-    )
+    return rep, resolved, w_bytes, plan
 
 
 if __name__ == "__main__":

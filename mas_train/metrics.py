@@ -59,13 +59,16 @@ def env_metrics(per_episode: Sequence[Mapping[str, float]], prefix: str = "env/"
 
 def update_metrics(group: str, out: Mapping[str, float]) -> dict[str, float]:
     """Names of one model group's update results (:meth:`~mas_train.grpo.update.GroupGRPOTrainer.update`):
-    ``grad_norm/<agent>`` → ``losses/grad_norm/<agent>`` (that agent's samples alone, Fig. 4), ``grad_norm`` →
+    ``grad_norm/<agent>`` → ``losses/grad_norm/<agent>`` (that agent's samples alone, Fig. 4),
+    ``mismatch/<stat>/<agent>`` → ``charts/sampling/mismatch/<stat>/<agent>`` (sampler vs trainer), ``grad_norm`` →
     ``losses/group_grad_norm/<group>``, loss / entropy / KL / clip ratios → ``losses/<name>/<group>``,
     ``learning_rate`` → ``charts/learning_rate/<group>``, anything else → ``charts/<name>/<group>``."""
     m: dict[str, float] = {}
     for k, v in out.items():
         if k.startswith("grad_norm/"):
             m[f"losses/grad_norm/{k.split('/', 1)[1]}"] = v
+        elif k.startswith("mismatch/"):  # per agent: mismatch/<stat>/<agent>
+            m[f"charts/sampling/{k}"] = v
         elif k == "grad_norm":
             m[f"losses/group_grad_norm/{group}"] = v
         elif k in ("loss", "entropy", "kl") or k.startswith("clip_ratio"):

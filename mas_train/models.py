@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mas_train.precision import cpu_native_bf16, resolve_precision
 from mas_train.tiny_models import build_qwen_tokenizer, build_tiny_qwen3
 
 if TYPE_CHECKING:
@@ -46,9 +47,12 @@ __all__ = [
     "cache_dir",
     "check_model_source",
     "convert_smollm2",
+    "cpu_native_bf16",
     "load_model_and_tokenizer",
     "load_tokenizer",
+    "resolve_dtype",
     "resolve_model_path",
+    "resolve_precision",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,12 +79,11 @@ def resolve_device(spec: str) -> str:
     return spec
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """The weight dtype a model group's ``dtype`` setting gives on ``device``: ``"auto"`` is ``"bfloat16"`` on
-    a GPU and ``"float32"`` elsewhere; anything else (``"float32"``, ``"bfloat16"``, ``"float16"``) as given."""
-    if dtype == "auto":
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    return dtype
+def resolve_dtype(dtype: str, device: str, *, lora: bool) -> str:
+    """The weight dtype a model group's ``dtype`` setting gives on ``device``: the ``weights`` of
+    :func:`mas_train.precision.resolve_precision` (``"auto"``: bf16 on a GPU, bf16 for a LoRA group's base on a
+    CPU with native bf16, else fp32; anything else as given)."""
+    return resolve_precision(dtype, device, lora=lora).weights
 
 
 @contextlib.contextmanager

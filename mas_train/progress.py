@@ -73,7 +73,7 @@ def print_banner(plan: Any, out) -> None:
         what = (
             f"trains {', '.join(g.agents)} ({how})" if g.trainable else f"samples for {', '.join(g.agents)}"
         )
-        print(f"  model group {g.name!r}: {group_source(g)} {what}", file=out)
+        print(f"  model group {g.name!r}: {group_source(g)} {what}{_precision_note(g, cfg.device)}", file=out)
     print(
         f"  {cfg.max_steps} steps x {cfg.tasks_per_step} tasks x G={cfg.num_generations}, "
         f"advantage_mode={cfg.advantage_mode}, lr {cfg.learning_rate:g}",
@@ -94,6 +94,21 @@ def print_banner(plan: Any, out) -> None:
     for w in plan.warnings:
         print(f"  warning: {w}", file=out)
     out.flush()
+
+
+def _precision_note(group: Any, device: str) -> str:
+    """``"; fp32: CPU has no native bf16 (AVX2); importance-sampling correction off: fp32 HF sampler and fp32
+    trainer"``: the dtype the group's local weights compute in and whether its update corrects for the sampler,
+    each with why (:mod:`mas_train.precision`); empty for an endpoint (no local weights)."""
+    from mas_train.backends import backend_kind
+    from mas_train.models import resolve_device
+    from mas_train.precision import resolve_precision, tis_rule
+
+    if not backend_kind(group.backend).can_train:
+        return ""
+    precision = resolve_precision(group.dtype, resolve_device(device), lora=group.lora is not None)
+    tis, why = tis_rule(group, precision)
+    return f"; {precision.reason}; importance-sampling correction {'on' if tis else 'off'}: {why}"
 
 
 def _fmt_eval(first: Mapping[str, float], last: Mapping[str, float]) -> str:

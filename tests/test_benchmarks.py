@@ -19,10 +19,18 @@ BENCH = ROOT / "benchmarks"
 
 # script -> the keys its --json line must hold (besides the raw numbers)
 EXPECTED = {
-    "step.py": {"gen_roof_frac", "update_roof_frac", "peak_rss_gb", "step_s"},
+    "step.py": {"gen_roof_frac", "update_roof_frac", "peak_rss_gb", "step_s", "bf16_update_speedup"},
     "train_step.py": {"ratio_vs_trl", "ratio_agent_norms_vs_trl", "ratio_shared_prefix", "update_roof_frac"},
     "rollout.py": {"speedup", "speedup_tokens_per_s", "eval_rollout_ratio"},
-    "generate.py": {"tok_s", "roof_frac", "ratio_vs_generate", "ratio_vs_forward", "roof_tok_s"},
+    "generate.py": {
+        "tok_s",
+        "roof_frac",
+        "ratio_vs_generate",
+        "ratio_vs_forward",
+        "roof_tok_s",
+        "bf16_decode_speedup",
+        "decode_roof_frac_bf16",
+    },
     "retrieval.py": {"search_speedup", "same_ids", "p50_ms", "req_s"},
 }
 
@@ -52,6 +60,10 @@ def test_benchmark_tiny_mode_reports_its_keys(script, tiny_qwen3_path, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert EXPECTED[script] <= result.keys()
+    if script in ("step.py", "generate.py"):  # what the CPU reported, either way (this AVX2 box: False)
+        from mas_train.precision import cpu_native_bf16
+
+        assert result["native_bf16"] is cpu_native_bf16()[0]
     for key in EXPECTED[script]:
         value = result[key]
         if isinstance(value, bool):

@@ -316,7 +316,7 @@ class VLLMHTTPOptions:
     )
     port: int | None = _help("Port of the launched server. None = a free port.", default=None)
     dtype: str | None = _help(
-        "vLLM --dtype: float32, bfloat16 or float16. None = the model group's dtype (float32 if auto).",
+        "vLLM --dtype: float32, bfloat16 or float16. None = the trained model's dtype (dtype auto: see --dtype).",
         default=None,
     )
     max_model_len: int = _help("vLLM --max-model-len: prompt + completion tokens per sequence.", default=2048)

@@ -125,7 +125,9 @@ class TrainConfig:
         default_factory=dict,
     )
     dtype: str = _help(
-        f"Default weights dtype, one of {list(DTYPES)} (auto: float32 on CPU, bfloat16 on GPU).",
+        f"Default weights dtype, one of {list(DTYPES)} (auto: bfloat16 on GPU; on a CPU with native bf16 "
+        "(amx_bf16/avx512_bf16) a bf16 LoRA base or bf16 autocast for full fine-tuning, else float32; the "
+        "banner says which; docs/training.md).",
         default="auto",
     )
     model_groups: dict[str, ModelGroupConfig] = _help(

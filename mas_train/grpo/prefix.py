@@ -102,16 +102,21 @@ class SharedPrefix:
             raise ValueError("shared-prefix forward needs a DynamicCache of plain DynamicLayers")
         self.length = ids.size(1)
         self._states = [t for layer in layers for t in (layer.keys, layer.values)]
-        self._leaves = [t.detach().requires_grad_(t.requires_grad) for t in self._states]
+        # fp32 leaves: the gradient of every micro-batch accumulates into them, which in bf16 (a bf16 base, or
+        # the states of a bf16 autocast forward) would round at each addition; each micro-batch reads them cast
+        # back to the states' dtype (a no-op in fp32)
+        self._leaves = [t.detach().float().requires_grad_(t.requires_grad) for t in self._states]
 
     def cache(self, batch_size: int):
         """A fresh ``DynamicCache`` holding the prefix states broadcast to ``batch_size`` rows (no copy)."""
         from transformers import DynamicCache
 
+        dtype = self._states[0].dtype
         pairs = zip(self._leaves[0::2], self._leaves[1::2], strict=True)
         return DynamicCache(
             ddp_cache_data=[
-                (k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)) for k, v in pairs
+                (k.to(dtype).expand(batch_size, -1, -1, -1), v.to(dtype).expand(batch_size, -1, -1, -1))
+                for k, v in pairs
             ]
         )
 
@@ -123,7 +128,7 @@ class SharedPrefix:
             if leaf.grad is not None
         ]
         if pairs and pairs[0][0].requires_grad:
-            torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
+            torch.autograd.backward([s for s, _ in pairs], [g.to(s.dtype) for s, g in pairs])
         for leaf in self._leaves:
             leaf.grad = None
 

@@ -15,7 +15,9 @@ What TRL would do and we do ourselves:
   ``-min(r·A·w, clip(r)·A·w) = w · -min(r·A, clip(r)·A)``, identical to TRL's post-hoc multiplication for the
   ``grpo/bnpo/dr_grpo/dapo/luspo/cispo/sapo`` losses; ``vespo`` gets the ratio through its own
   ``importance_sampling_ratio`` input instead. With ``num_iterations == 1`` the old policy *is* the current
-  one, so ``w`` is computed from the training forward itself (no extra forward pass).
+  one, so ``w`` is computed from the training forward itself (no extra forward pass). Applied only where the
+  sampler and the trainer differ (:func:`mas_train.precision.tis_rule`, via ``vllm_importance_sampling_correction``);
+  the per-agent mismatch is measured either way (:class:`~mas_train.grpo.importance.SamplerCheck`).
 * **mask_truncated_completions**: a completion the backend cut at ``max_new_tokens`` (``finish_reason ==
   "length"``) gets an all-zero completion mask, so it takes no part in the loss (TRL applies the setting in
   ``_generate_and_score_completions``, which this update bypasses).
@@ -35,7 +37,6 @@ ranks); no shared prefixes or per-agent norms there (their extra forwards would 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +44,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from mas_train.grpo.importance import importance_ratio
+from mas_train.grpo.importance import SamplerCheck
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, grpo_args
-from mas_train.models import resolve_dtype
+from mas_train.precision import resolve_precision, tis_rule
 from mas_train.rollout import Sample
 
 __all__ = ["GroupGRPOTrainer", "ShardPlan", "build_group_trainer", "grpo_args"]
@@ -97,12 +98,18 @@ class GroupGRPOTrainer(TRLGRPO):
         super().__init__(model, tokenizer, args, ref_model=ref_model)
         self.micro_batch_size = micro_batch_size
         self.pad_token_id = tokenizer.pad_token_id
-        self._is_ctx: dict | None = None
+        self._is_ctx: tuple[dict, list[str]] | None = None  # (inputs, row agents) awaiting the training logps
         self.share_prefix = share_prefix
         self._prefix: SharedPrefix | None = (
             None  # the shared prefix the current micro-batch's rows start with
         )
-        self._is_stats: dict[str, list[float]] = defaultdict(list)
+        self.sampler_check = SamplerCheck(
+            bool(args.vllm_importance_sampling_correction),
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+            vespo=args.loss_type == "vespo",
+        )
         self.shard = shard
 
     # -- inputs ---------------------------------------------------------------------------------------
@@ -168,28 +175,6 @@ class GroupGRPOTrainer(TRLGRPO):
         """Whether ``s`` is left out of the loss (``mask_truncated_completions`` and it was cut at the cap)."""
         return bool(self.args.mask_truncated_completions) and s.finish_reason == "length"
 
-    # -- importance sampling --------------------------------------------------------------------------
-    def _apply_is(self, inputs: dict, old_logps: torch.Tensor) -> None:
-        mask = inputs["completion_mask"]
-        args = self.args
-        ratio, stats = importance_ratio(
-            old_logps.detach(),
-            inputs["sampling_per_token_logps"],
-            mask,
-            mode=args.vllm_importance_sampling_mode,
-            clip_min=args.vllm_importance_sampling_clip_min,
-            clip_max=args.vllm_importance_sampling_clip_max,
-        )
-        for key, value in stats.items():
-            self._is_stats[key].append(value)
-        if self.loss_type == "vespo":
-            inputs["importance_sampling_ratio"] = ratio
-        else:
-            adv = inputs["advantages"]
-            if adv.dim() == 1:
-                adv = adv.unsqueeze(1)
-            inputs["advantages"] = adv * ratio
-
     def training_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, trl_forward):
         if self._prefix is not None and model is self.model:
             logps, ent = prefix_logps(
@@ -204,7 +189,7 @@ class GroupGRPOTrainer(TRLGRPO):
         ctx = self._is_ctx
         if ctx is not None and model is self.model:
             self._is_ctx = None
-            self._apply_is(ctx, logps)
+            self.sampler_check(ctx[0], logps, ctx[1])
         return logps, ent
 
     # -- update ---------------------------------------------------------------------------------------
@@ -262,7 +247,6 @@ class GroupGRPOTrainer(TRLGRPO):
             advantages = [advantages[i] for i in keep]
         model = self.model
         model.train()
-        use_is = bool(self.args.vllm_importance_sampling_correction)
         num_iterations = int(self.args.num_iterations)
         need_old = num_iterations > 1
         use_prefix = self.share_prefix and num_iterations == 1 and self.beta == 0.0
@@ -292,10 +276,10 @@ class GroupGRPOTrainer(TRLGRPO):
                     inp["ref_per_token_logps"] = self.trl_logps(self.model, inp)
             elif self.beta != 0.0:
                 inp["ref_per_token_logps"] = self.trl_logps(self.ref_model, inp)
-            prepared.append((agent, inp))
-        if use_is and need_old:
-            for _, inp in prepared:
-                self._apply_is(inp, inp["old_per_token_logps"])
+            prepared.append((agent, inp, [samples[i].agent for i in idx]))
+        if need_old:  # the mismatch (and the correction) against the policy before the update
+            for _, inp, rows in prepared:
+                self.sampler_check(inp, inp["old_per_token_logps"], rows)
 
         self.set_accumulation(n_micro)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -306,7 +290,7 @@ class GroupGRPOTrainer(TRLGRPO):
         for _ in range(num_iterations):
             acc: list[torch.Tensor | None] | None = None
             current = None
-            for (agent, inp0), weight in zip(prepared, weights, strict=True):
+            for (agent, inp0, rows), weight in zip(prepared, weights, strict=True):
                 inp = dict(inp0)
                 if agent != current:
                     if current is not None and current in prefixes:  # the last agent's prefix: its gradient
@@ -315,8 +299,8 @@ class GroupGRPOTrainer(TRLGRPO):
                         acc = self._fold_agent_grad(params, acc, current, agent_norms)
                     current = agent
                     self._prefix = prefixes.get(agent) if agent is not None else None
-                if use_is and not need_old:
-                    self._is_ctx = inp
+                if not need_old:
+                    self._is_ctx = (inp, rows)
                 try:
                     loss = self.grpo_loss(model, inp)
                 finally:
@@ -358,9 +342,7 @@ class GroupGRPOTrainer(TRLGRPO):
         for a, v in agent_norms.items():
             out[f"grad_norm/{a}"] = v
         out.update(self.pop_trl_metrics())
-        for key, vals in self._is_stats.items():
-            out[key] = float(np.mean(vals))
-        self._is_stats.clear()
+        out.update(self.sampler_check.pop())
         return out
 
     def _shared_prefixes(self, samples: Sequence[Sample], lengths: dict[str, int]) -> dict[str, SharedPrefix]:
@@ -432,12 +414,14 @@ def build_group_trainer(
     temperature = samplings[0].temperature or 1.0
     kwargs = g.grpo_config_kwargs()
     kwargs.setdefault("max_completion_length", max(s.max_new_tokens for s in samplings))
+    precision = resolve_precision(g.dtype, device, lora=g.lora is not None)
+    kwargs["vllm_importance_sampling_correction"] = tis_rule(g, precision)[0]
     args = grpo_args(
         str(resolved.run_dir / "trl" / group),
         max_steps=cfg.max_steps,
         seed=cfg.seed,
         use_cpu=not device.startswith("cuda"),
-        bf16=resolve_dtype(g.dtype, device) == "bfloat16",
+        bf16=precision.autocast,
         temperature=temperature,
         **kwargs,
     )

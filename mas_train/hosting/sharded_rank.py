@@ -157,7 +157,9 @@ class Rank:
         mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world,))
         hf_logging.disable_progress_bar()  # N ranks' "Loading weights" bars would interleave with the run's
         model, tok = load_model_and_tokenizer(
-            resolve_model_path(g.model), dtype=resolve_dtype(g.dtype, device), device=device
+            resolve_model_path(g.model),
+            dtype=resolve_dtype(g.dtype, device, lora=g.lora is not None),
+            device=device,
         )
         shard_model(model, mesh)  # before the trainer, so its optimizer holds the shards
         # transformers warns that a process group exists without a DDP launch: intended, FSDP owns the group and

@@ -308,7 +308,7 @@ def make_policy(
     if not backend_kind(g.backend).can_train:
         return RemotePolicy(group, model_path, load_tokenizer(model_path))
     device = resolve_device(cfg.device)
-    dtype = resolve_dtype(g.dtype, device)
+    dtype = resolve_dtype(g.dtype, device, lora=g.lora is not None)
     if trains and g.num_ranks > 1:
         ranks = (make_ranks or ShardedRanks)(resolved, group).start()  # they load in the background meanwhile
         try:

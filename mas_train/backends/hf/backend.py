@@ -185,6 +185,8 @@ class HFBackend(DecodeLoop):
         self._packed = (
             PackedLinears(self._model) if (can_pack if packed_linears is None else packed_linears) else None
         )
+        if packed_linears and self._packed is not None and self._packed.skipped:
+            raise ValueError(f"packed_linears=True, but {self._packed.skipped}; use packed_linears=None")
         self._reserve = 0  # KV positions a new cache leaves free: the current batch's decode steps
         why_not = "it generates on " + str(self.device) if self.device.type != "cpu" else None
         why_not = why_not or supports_fused_decode(self._model)

@@ -26,7 +26,9 @@ elsewhere); ``y += z @ B_all.T`` (B_all block-diagonal over the siblings). Vanil
 variant, or a LoRA bias, leaves the batch to the model's forward.
 
 Which models: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM`` (also
-inside a ``peft.PeftModel``) whose layers are all full attention, in fp32, on CPU, with the preallocated cache of
+inside a ``peft.PeftModel``) whose layers are all full attention, in fp32 or in bf16 (LoRA factors in fp32 or
+bf16, as PEFT keeps them; the step computes in the weights' dtype as the forward does and returns fp32 logits),
+on CPU, with the preallocated cache of
 :func:`~.hf_kernels.preallocated_cache`; :meth:`FusedDecoder.build` returns ``None`` for anything else, and the
 backend then steps through the model's forward.
 """
@@ -93,9 +95,21 @@ def supports_fused_decode(model: torch.nn.Module) -> str | None:
         return f"its input embedding is a {type(core.embed_tokens).__name__}, not an nn.Embedding"
     if getattr(cfg, "_attn_implementation", None) not in ("eager", "sdpa"):
         return f"its attention implementation {getattr(cfg, '_attn_implementation', None)!r} is not eager or sdpa"
-    if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
-        return "its weights are not fp32"  # the model's forward casts between dtypes where the step could not
-    return None
+    return _dtype_verdict(model)
+
+
+def _dtype_verdict(model: torch.nn.Module) -> str | None:
+    """``None`` when the step computes in the model's dtypes as its forward does: every weight fp32, or every
+    weight bf16 but for LoRA factors in fp32 or bf16 (PEFT casts a row's input to its factors' dtype and the sum
+    back to the base's: the step does the same). Anything else (fp16, a bf16 adapter on an fp32 base) casts
+    between dtypes where the step could not."""
+    base = {p.dtype for n, p in model.named_parameters() if p.is_floating_point() and ".lora_" not in n}
+    lora = {p.dtype for n, p in model.named_parameters() if p.is_floating_point() and ".lora_" in n}
+    if base == {torch.float32} and lora <= {torch.float32}:
+        return None
+    if base == {torch.bfloat16} and lora <= {torch.float32, torch.bfloat16}:
+        return None
+    return "its weights are neither all fp32 nor all bf16 (LoRA factors fp32 or bf16)"
 
 
 def _ours(f: Any) -> bool:
@@ -208,7 +222,11 @@ class _Linear:
             y = torch.cat([F.linear(x, w, b) for w, b in self.parts], -1)
         if self.lora is not None:
             a_all, b_t, s = self.lora
-            y = torch.addmm(y, torch.mm(x, a_all.T).mul_(s), b_t)
+            if a_all.dtype == x.dtype:
+                y = torch.addmm(y, torch.mm(x, a_all.T).mul_(s), b_t)
+            else:  # fp32 factors on a bf16 base: PEFT's delta in fp32, the sum rounded back to bf16
+                z = torch.mm(x.to(a_all.dtype), a_all.T).mul_(s)
+                y = torch.addmm(y.to(a_all.dtype), z, b_t).to(x.dtype)
         return y
 
 
@@ -339,4 +357,4 @@ class FusedDecoder:
             gu = lay.gate_up(F.rms_norm(x, (width,), *lay.n2))
             cut = lay.gate_up.bounds[1]
             x = x + lay.down(lay.act(gu[:, :cut]) * gu[:, cut:])
-        return self.head(F.rms_norm(x, (width,), *self.norm))
+        return self.head(F.rms_norm(x, (width,), *self.norm)).float()  # sampling runs on fp32 logits

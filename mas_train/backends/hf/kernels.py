@@ -54,6 +54,7 @@ __all__ = [
     "PreallocatedLayer",
     "fused_rms_norms",
     "onednn_available",
+    "onednn_bf16_available",
     "preallocated_cache",
 ]
 
@@ -73,6 +74,18 @@ def onednn_available() -> bool:
         and hasattr(mkldnn, "_reorder_linear_weight")
         and hasattr(mkldnn, "_linear_pointwise")
     )
+
+
+def onednn_bf16_available() -> bool:
+    """Whether oneDNN's bf16 linear runs on this CPU (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``: it needs
+    avx512bw/vl/dq, avx_ne_convert or AMX). Without it oneDNN refuses to pack a bf16 weight, so bf16 layers are
+    left to ``F.linear`` (torch's own bf16 GEMM, emulated on such a CPU)."""
+    probe = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    return bool(onednn_available() and probe is not None and probe())
+
+
+#: why :class:`PackedLinears` leaves bf16 layers unpacked on a CPU without oneDNN's bf16 path
+BF16_UNPACKED = "oneDNN has no bf16 linear on this CPU (it needs avx512bw/vl/dq, avx_ne_convert or AMX)"
 
 
 def _stamp(w: torch.Tensor) -> tuple | None:
@@ -97,7 +110,11 @@ class PackedLinears:
 
     Args:
         model: the module to generate with (fp32 or bf16, on CPU). Its ``nn.Linear`` layers with at least
-            :data:`MIN_PACKED_NUMEL` weights are packed (PEFT LoRA layers: their base layers).
+            :data:`MIN_PACKED_NUMEL` weights are packed (PEFT LoRA layers: their base layers); bf16 ones only
+            where :func:`onednn_bf16_available` (else they run through ``F.linear``; :attr:`skipped` says why).
+
+    Attributes:
+        skipped: ``None``, or why some large layers stay unpacked (:data:`BF16_UNPACKED`).
 
     Raises:
         RuntimeError: this torch build has no oneDNN packed-linear ops (see :func:`onednn_available`).
@@ -110,14 +127,16 @@ class PackedLinears:
         if not onednn_available():
             raise RuntimeError("this torch build has no oneDNN (torch.ops.mkldnn._linear_pointwise)")
         self.model = model
+        self._dtypes = (torch.float32, torch.bfloat16) if onednn_bf16_available() else (torch.float32,)
+        bf16 = any(type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16 for m in model.modules())
+        self.skipped = BF16_UNPACKED if bf16 and torch.bfloat16 not in self._dtypes else None
 
-    @staticmethod
-    def _packable(m: torch.nn.Module) -> bool:
+    def _packable(self, m: torch.nn.Module) -> bool:
         return (
             type(m) is torch.nn.Linear
             and "forward" not in m.__dict__  # a hooked forward (accelerate) is left alone
             and m.weight.device.type == "cpu"
-            and m.weight.dtype in (torch.float32, torch.bfloat16)
+            and m.weight.dtype in self._dtypes
             and m.weight.numel() >= MIN_PACKED_NUMEL
         )
 
