@@ -15,7 +15,7 @@ def test_readme_quick_start_is_exactly_two_commands():
     cmds = _quick_start_commands()
     assert len(cmds) == 2, cmds
     assert cmds[0].endswith("mas-train --env math-2agent")
-    assert cmds[1].endswith("python -m pytest")
+    assert cmds[1].endswith("python -m pytest -n 2")
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
