@@ -58,11 +58,12 @@ def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
     return 2 * n * 4 / t
 
 
-def gemm_flops(n: int = 1024, reps: int = 5) -> float:
-    """fp32 GEMM roof in FLOP/s: ``2 n^3`` / median time of ``(n, n) @ (n, n)``."""
+def gemm_flops(n: int = 1024, reps: int = 5, dtype: str = "float32") -> float:
+    """GEMM roof in FLOP/s: ``2 n^3`` / median time of ``(n, n) @ (n, n)`` in ``dtype`` ("float32" or
+    "bfloat16"; a bf16 product accumulates in fp32 inside oneDNN, as the model's linears do)."""
     import torch
 
-    a, b = torch.rand(n, n), torch.rand(n, n)
+    a, b = torch.rand(n, n, dtype=getattr(torch, dtype)), torch.rand(n, n, dtype=getattr(torch, dtype))
     a @ b
     t, _ = median_time(lambda: a @ b, reps)
     return 2 * n**3 / t

@@ -11,8 +11,9 @@ training steps (no evaluation, no checkpoint), reading each step's own timers (`
 * decode roof: ``rows * bandwidth / weight_bytes`` tokens/s, where ``rows`` is the rows a tick generates
   (``tasks_per_step * num_generations``) and ``bandwidth`` is ``dst.copy_(src)`` (read + write bytes). Generation
   time includes prefill, env stepping excluded, so ``gen_roof_frac`` is conservative;
-* GEMM roof: fp32 1024^2 GEMM FLOP/s. The update does ``6 * N * tokens`` FLOP for a fully trained model
-  (forward 2N, backward 4N per token; N = all of the model's parameters; prompt + completion tokens of the step's
+* GEMM roof: 1024^2 GEMM FLOP/s, fp32 and bf16 (``update_roof_frac`` is against the roof of the precision the
+  run as configured computes in; ``update_roof_frac_bf16`` / ``_fp32`` against each one's own). The update does
+  ``6 * N * tokens`` FLOP for a fully trained model (forward 2N, backward 4N per token; N = all of the model's parameters; prompt + completion tokens of the step's
   samples) and ``4 * N * tokens`` for a LoRA group (its frozen base gets no weight gradients: forward 2N, the
   input gradients 2N), so ``update_roof_frac`` is that over update time and the roof. Work the update avoids
   (the shared-prefix forward, zero-advantage samples) still counts, so a step can exceed 1.
@@ -69,7 +70,7 @@ def main() -> None:
         argv += ["--micro_batch_size", str(a.micro_batch_size)]
     native, native_why = cpu_native_bf16()
     cfg = parse_args([*argv, "--output_dir", tempfile.mkdtemp(prefix="mas-bench-step-"), *extra])
-    bw, gemm = copy_bandwidth(), gemm_flops()
+    bw, gemm, gemm16 = copy_bandwidth(), gemm_flops(), gemm_flops(dtype="bfloat16")
     rows = cfg.tasks_per_step * cfg.num_generations
     rep, resolved, w_bytes, plan = _run(cfg, a.steps, rows, force_bf16=False)
     rss = peak_rss_gb()  # of the run as configured; the other dtype's run below may add to it
@@ -91,12 +92,14 @@ def main() -> None:
     roof_tps = rows * bw / wb
     gen_tps = med["gen_tokens"] / med["gen_s"]
     upd_flops = med["update_flop"] / med["update_s"] if med["update_s"] > 0 else 0.0
+    roof = gemm16 if bf16_is_default else gemm  # the roof of the precision the run as configured computes in
     print(
         f"env {cfg.env} | {a.steps} step(s) | G={cfg.num_generations} x {cfg.tasks_per_step} task(s) | "
         f"micro-batch {cfg.micro_batch_size} | threads {threads} | medians over steps"
     )
     print(
-        f"  weights {wb / 1e9:.3f} GB | copy bandwidth {bw / 1e9:.1f} GB/s | fp32 GEMM {gemm / 1e9:.1f} GFLOP/s"
+        f"  weights {wb / 1e9:.3f} GB | copy bandwidth {bw / 1e9:.1f} GB/s | fp32 GEMM {gemm / 1e9:.1f} GFLOP/s | "
+        f"bf16 GEMM {gemm16 / 1e9:.1f} GFLOP/s"
     )
     print(
         f"  step {med['step_s']:.1f} s = generate {med['gen_s']:.1f} s + update {med['update_s']:.1f} s + rest"
@@ -106,8 +109,8 @@ def main() -> None:
         f"-> {gen_tps / roof_tps:.3f} of roof"
     )
     print(
-        f"  update     {upd_flops / 1e9:7.1f} GFLOP/s (4N/6N per token)  roof {gemm / 1e9:.1f}  "
-        f"-> {upd_flops / gemm:.3f} of roof"
+        f"  update     {upd_flops / 1e9:7.1f} GFLOP/s (4N/6N per token)  roof {roof / 1e9:.1f} "
+        f"({'bf16' if bf16_is_default else 'fp32'})  -> {upd_flops / roof:.3f} of roof"
     )
     print(f"  peak RSS   {rss:.2f} GB")
     print(f"  native bf16: {native} ({native_why})")
@@ -117,7 +120,8 @@ def main() -> None:
         print(f"  model group {g!r} in the bf16 run: {p.reason}")
     print(
         f"  update bf16 {flops_bf16 / 1e9:.1f} GFLOP/s vs fp32 {flops_fp32 / 1e9:.1f} GFLOP/s "
-        f"-> bf16_update_speedup {flops_bf16 / flops_fp32:.2f}"
+        f"-> bf16_update_speedup {flops_bf16 / flops_fp32:.2f}; of their roofs: bf16 {flops_bf16 / gemm16:.3f}, "
+        f"fp32 {flops_fp32 / gemm:.3f}"
     )
     emit(
         {
@@ -132,7 +136,10 @@ def main() -> None:
             "gen_roof_frac": gen_tps / roof_tps,
             "update_gflop_s": upd_flops / 1e9,
             "gemm_gflop_s": gemm / 1e9,
-            "update_roof_frac": upd_flops / gemm,
+            "gemm_bf16_gflop_s": gemm16 / 1e9,
+            "update_roof_frac": upd_flops / roof,
+            "update_roof_frac_bf16": flops_bf16 / gemm16,
+            "update_roof_frac_fp32": flops_fp32 / gemm,
             "bandwidth_gb_s": bw / 1e9,
             "peak_rss_gb": rss,
             "native_bf16": native,
