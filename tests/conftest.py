@@ -36,3 +36,13 @@ def tiny_model_and_tokenizer(tiny_qwen3_path):
     from mas_train.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer(tiny_qwen3_path, dtype="float32", device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fp32_unless_asked(monkeypatch):
+    """Every test sees a CPU without native bf16, so ``dtype: auto`` resolves to fp32 on any machine: tests that
+    compare two generation or update paths for exact token equality hold on an AVX2 box and on a Zen 5 / Xeon
+    with ``avx512_bf16`` alike. The bf16 tests mock the detection themselves (tests/train/test_precision.py)."""
+    from mas_train import precision
+
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: (False, "tests run fp32 unless a test asks"))

@@ -107,41 +107,6 @@ def test_one_adapter_rows_share_the_long_prefix_and_match(peft_and_tok):
         assert torch.allclose(torch.tensor(m.logprobs), torch.tensor(r.logprobs), atol=1e-5)
 
 
-def test_a_tick_of_two_agents_shares_each_agents_prefix_and_matches(peft_and_tok):
-    # a tick that mixes agents: each agent's prompts share that agent's long head (its system turn and examples),
-    # so the two heads are prefilled once each, as one left-padded batch of 2 rows, then the 5 suffixes together
-    peft, tok = peft_and_tok
-    backend = HFBackend(peft, tok, share_model=True)
-    heads = {"solver": "You are a careful solver. " * 20, "verifier": "Check the answer below. " * 14}
-    rows = [("solver", 1), ("verifier", 1), ("solver", 2), ("verifier", 22), ("solver", 333)]
-    adapters = [a for a, _ in rows]
-    prompts = [chat_prompt(tok, heads[a] + f"Question {k}?") for a, k in rows]
-    sampling = [SamplingParams(max_new_tokens=4, temperature=1.0, seed=i) for i in range(len(rows))]
-    calls: list[tuple[int, int, bool]] = []
-    forward = backend._forward
-
-    def recording(ids, mask, pos, cache, adapters=None):
-        calls.append((ids.shape[0], ids.shape[1], cache is not None))
-        return forward(ids, mask, pos, cache, adapters)
-
-    backend._forward = recording
-    mixed = backend.generate(prompts, sampling, adapters=adapters)
-    backend._forward = forward
-    lcp = {}
-    for a in heads:
-        mine = [p for p, b in zip(prompts, adapters, strict=True) if b == a]
-        n = 0
-        while all(p[n] == mine[0][n] for p in mine):
-            n += 1
-        lcp[a] = n
-    assert calls[0] == (2, max(lcp.values()), False)  # one prefix row per agent, padded to the longer prefix
-    assert calls[1] == (5, max(len(p) - lcp[a] for p, a in zip(prompts, adapters, strict=True)), True)
-    reference = _one_call_per_adapter(backend, peft, prompts, sampling, adapters)
-    for i, (m, r) in enumerate(zip(mixed, reference, strict=True)):
-        assert m.completion_ids == r.completion_ids, i
-        assert torch.allclose(torch.tensor(m.logprobs), torch.tensor(r.logprobs), atol=1e-5), i
-
-
 def test_a_prompt_is_prefilled_once_per_adapter(peft_and_tok):
     peft, tok = peft_and_tok
     backend = HFBackend(peft, tok, share_model=True)

@@ -15,9 +15,8 @@ cache rows and last-position logits to every row that asked for it (``Cache.batc
 repeated indices, the mechanism that also drops finished rows). Later turns of a group differ (each holds its
 own trajectory's replies) but still share the system prompt and task text: when the distinct prompts of a batch
 have a common prefix long enough to pay for one more forward, that prefix is prefilled once, its cache copied to
-every distinct prompt, and only the suffixes are run. Prompts are grouped first (by adapter and their first
-tokens: one agent's prompts), so a tick that mixes agents shares each agent's prefix. This is a one-level case of
-SGLang's radix (prefix) cache. Sampling is untouched: each row
+every distinct prompt, and only the suffixes are run. This is the batch-wide case of SGLang's radix (prefix)
+cache; prefixes shared by only some prompts of a batch are not shared. Sampling is untouched: each row
 keeps its own generator, temperature, truncation and stop strings, so a seeded row gives the same completion
 (and logprobs up to float rounding) as when it is generated alone. A model whose cache cannot select rows
 (e.g. some linear-attention caches) falls back to prefilling every row.
@@ -33,7 +32,6 @@ from mas_train.backends.base import GenerationOutput, SamplingParams
 from mas_train.backends.hf.decode import FusedDecoder
 from mas_train.backends.hf.kernels import PackedLinears, preallocated_cache
 from mas_train.backends.hf.sampling import sample_tokens
-from mas_train.grpo.prefix import common_prefix_len
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -43,8 +41,6 @@ __all__ = ["DecodeLoop"]
 # A shared prompt prefix is prefilled once when that saves at least this many prefill tokens: below it the extra
 # forward (one more pass over the weights) costs about as much as it saves.
 _MIN_SHARED_TOKENS = 64
-# Prompts whose first this-many tokens (and adapter) agree form one prefix group (see _prefill_shared_prefix).
-_GROUP_KEY_TOKENS = 16
 
 
 class DecodeLoop:
@@ -120,7 +116,8 @@ class DecodeLoop:
         :meth:`_prefill_shared_prefix`).
 
         With per-row ``adapters`` a prompt is "distinct" per (adapter, prompt): the same tokens under two
-        adapters have different keys and values, so a common prefix is shared among one adapter's rows only.
+        adapters have different keys and values. The common prefix is shared only when every row uses one
+        adapter.
         """
         tags = adapters if adapters is not None else [""] * len(prompts)
         unique: dict[tuple[str, tuple[int, ...]], int] = {}
@@ -128,7 +125,10 @@ class DecodeLoop:
         if not self._share_prefill:
             return (*self._forward(ids, mask, pos, None, adapters), mask, pos)
         distinct = [list(p) for _, p in unique]
-        shared = self._prefill_shared_prefix(distinct, None if adapters is None else [a for a, _ in unique])
+        one_adapter = len(set(tags)) == 1
+        shared = (
+            self._prefill_shared_prefix(distinct, adapters[0] if adapters else None) if one_adapter else None
+        )
         if shared is None and len(unique) == len(prompts):
             return (*self._forward(ids, mask, pos, None, adapters), mask, pos)
         if shared is None:
@@ -151,67 +151,49 @@ class DecodeLoop:
             return logits[expand], cache, mask, pos
         return logits[expand], cache, mask[expand], pos[expand]
 
-    def _prefill_shared_prefix(
-        self, distinct: list[list[int]], adapters: list[str] | None = None
-    ) -> tuple | None:
-        """Prefill each prefix group's longest common prefix once, then every distinct prompt's suffix together.
+    def _prefill_shared_prefix(self, distinct: list[list[int]], adapter: str | None = None) -> tuple | None:
+        """Prefill the distinct prompts' longest common prefix once, then their suffixes together.
 
-        A prefix group is the distinct prompts with the same adapter and the same first ``_GROUP_KEY_TOKENS``
-        tokens (one agent's prompts: its system turn and examples); its prefix is the group's longest common
-        prefix (a group of one: the prompt but its last token). The A group prefixes run as one left-padded
-        batch (A, P), whose cache rows are copied to each group's prompts; then the D suffixes run as one
-        left-padded batch (D, S). Returns ``(logits (D, V), cache, mask (D, P + S), pos (D, P + S))``, or ``None``
-        when that does not pay: the padded tokens ``A·P + D·S`` save fewer than ``_MIN_SHARED_TOKENS`` on a
-        plain prefill's ``D·L`` (L the longest prompt), fewer than two prompts, or a group with no common token.
-        Layout: ``[left padding | prefix | left padding | suffix]``, mask 0 on both paddings and positions the
-        cumulative count of real tokens, so each row attends to exactly its own prompt's tokens at their own
-        positions, as in a full prefill (the logits agree up to float rounding of the differently shaped
-        matmuls). Rows of different adapters never share a prefix: the same tokens under two adapters have
-        different keys and values. ``adapters``: per distinct prompt, its LoRA adapter, or ``None``.
+        Returns ``(logits (D, V), cache, mask (D, P + S), pos (D, P + S))`` for the D distinct prompts, or
+        ``None`` when sharing does not pay: fewer than two prompts, or a prefix saving fewer than
+        ``_MIN_SHARED_TOKENS`` prefill tokens. Layout: ``[prefix | left-padded suffix]``, so the pad columns sit
+        between prefix and suffix with mask 0 and every row's suffix continues the prefix's positions; each row
+        attends to exactly its own prompt's tokens at their own positions, as in a full prefill (the logits
+        agree up to float rounding of the differently shaped matmuls). ``adapter``: the one LoRA adapter every
+        row uses (passed per row), or ``None``.
         """
-        d = len(distinct)
-        if d < 2:
+        if len(distinct) < 2:
             return None
-        tags = adapters if adapters is not None else [""] * d
-        groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-        for i, (a, p) in enumerate(zip(tags, distinct, strict=True)):
-            groups.setdefault((a, tuple(p[:_GROUP_KEY_TOKENS])), []).append(i)
-        members = list(groups.values())
-        lcps = [common_prefix_len([distinct[i] for i in m]) for m in members]
-        if min(lcps) < 1:
-            return None
-        group_of = [0] * d
-        for g, m in enumerate(members):
-            for i in m:
-                group_of[i] = g
-        p_len = max(lcps)
-        s_len = max(len(p) - lcps[group_of[i]] for i, p in enumerate(distinct))
-        if d * max(len(p) for p in distinct) - (len(members) * p_len + d * s_len) < _MIN_SHARED_TOKENS:
+        shortest = min(len(p) for p in distinct)
+        lcp = 0
+        first = distinct[0]
+        while lcp < shortest - 1 and all(p[lcp] == first[lcp] for p in distinct):
+            lcp += 1  # at least one suffix token per row, so every row gets its last-position logits
+        if lcp * (len(distinct) - 1) < _MIN_SHARED_TOKENS:
             return None
         dev = self.device
-        pre_ids = torch.full((len(members), p_len), self.pad_token_id, dtype=torch.long, device=dev)
-        pre_mask = torch.zeros_like(pre_ids)
-        for g, (m, n) in enumerate(zip(members, lcps, strict=True)):
-            pre_ids[g, p_len - n :] = torch.tensor(distinct[m[0]][:n], dtype=torch.long, device=dev)
-            pre_mask[g, p_len - n :] = 1
-        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
-        pre_tags = None if adapters is None else [tags[m[0]] for m in members]
-        _, cache = self._forward(pre_ids, pre_mask, pre_pos, None, pre_tags)
-        rows = torch.tensor(group_of, dtype=torch.long, device=dev)
+        pre_ids = torch.tensor([first[:lcp]], dtype=torch.long, device=dev)
+        pre_mask = torch.ones_like(pre_ids)
+        pre_pos = torch.arange(lcp, device=dev)[None, :]
+        _, cache = self._forward(pre_ids, pre_mask, pre_pos, None, None if adapter is None else [adapter])
+        d = len(distinct)
         try:
-            cache.batch_select_indices(rows)
+            cache.batch_select_indices(torch.zeros(d, dtype=torch.long, device=dev))
         except (AttributeError, NotImplementedError):
             self._share_prefill = False
             return None
-        suf_ids = torch.full((d, s_len), self.pad_token_id, dtype=torch.long, device=dev)
-        suf_mask = torch.zeros((d, s_len), dtype=torch.long, device=dev)
+        s = max(len(p) for p in distinct) - lcp
+        suf_ids = torch.full((d, s), self.pad_token_id, dtype=torch.long, device=dev)
+        suf_mask = torch.zeros((d, s), dtype=torch.long, device=dev)
         for i, p in enumerate(distinct):
-            rest = p[lcps[group_of[i]] :]
-            suf_ids[i, s_len - len(rest) :] = torch.tensor(rest, dtype=torch.long, device=dev)
-            suf_mask[i, s_len - len(rest) :] = 1
-        mask = torch.cat([pre_mask[rows], suf_mask], dim=1)
+            n = len(p) - lcp
+            suf_ids[i, s - n :] = torch.tensor(p[lcp:], dtype=torch.long, device=dev)
+            suf_mask[i, s - n :] = 1
+        mask = torch.cat([pre_mask.expand(d, lcp), suf_mask], dim=1)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(suf_ids, mask, pos[:, p_len:], cache, adapters)
+        logits, cache = self._forward(
+            suf_ids, mask, pos[:, lcp:], cache, None if adapter is None else [adapter] * d
+        )
         return logits, cache, mask, pos
 
     def _stop_match(self, ids: list[int], stops: tuple[str, ...], window: int) -> str | None:
