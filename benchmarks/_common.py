@@ -63,7 +63,8 @@ def gemm_flops(n: int = 1024, reps: int = 5, dtype: str = "float32") -> float:
     "bfloat16"; a bf16 product accumulates in fp32 inside oneDNN, as the model's linears do)."""
     import torch
 
-    a, b = torch.rand(n, n, dtype=getattr(torch, dtype)), torch.rand(n, n, dtype=getattr(torch, dtype))
+    dt = getattr(torch, dtype)
+    a, b = torch.rand(n, n, dtype=dt), torch.rand(n, n, dtype=dt)
     a @ b
     t, _ = median_time(lambda: a @ b, reps)
     return 2 * n**3 / t

@@ -13,10 +13,11 @@ training steps (no evaluation, no checkpoint), reading each step's own timers (`
   time includes prefill, env stepping excluded, so ``gen_roof_frac`` is conservative;
 * GEMM roof: 1024^2 GEMM FLOP/s, fp32 and bf16 (``update_roof_frac`` is against the roof of the precision the
   run as configured computes in; ``update_roof_frac_bf16`` / ``_fp32`` against each one's own). The update does
-  ``6 * N * tokens`` FLOP for a fully trained model (forward 2N, backward 4N per token; N = all of the model's parameters; prompt + completion tokens of the step's
-  samples) and ``4 * N * tokens`` for a LoRA group (its frozen base gets no weight gradients: forward 2N, the
-  input gradients 2N), so ``update_roof_frac`` is that over update time and the roof. Work the update avoids
-  (the shared-prefix forward, zero-advantage samples) still counts, so a step can exceed 1.
+  ``6 * N * tokens`` FLOP for a fully trained model (forward 2N, backward 4N per token; N = all of the model's
+  parameters; prompt + completion tokens of the step's samples) and ``4 * N * tokens`` for a LoRA group (its
+  frozen base gets no weight gradients: forward 2N, the input gradients 2N), so ``update_roof_frac`` is that over
+  update time and the roof. Work the update avoids (the shared-prefix forward, zero-advantage samples) still
+  counts, so a step can exceed 1.
 
 Peak RSS is this process's ``ru_maxrss`` (model load included), the figure ``/usr/bin/time -v`` reports.
 

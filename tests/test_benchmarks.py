@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from mas_train.precision import cpu_native_bf16 as real_cpu_native_bf16
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 
@@ -61,16 +63,8 @@ def test_benchmark_tiny_mode_reports_its_keys(script, tiny_qwen3_path, tmp_path)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert EXPECTED[script] <= result.keys()
     if script in ("step.py", "generate.py"):  # what the CPU reported, either way (AVX2: False; Zen 5: True)
-        # the real detection (tests/conftest.py mocks cpu_native_bf16 in-process), read as the benchmark reads it
-        import torch
-
-        from mas_train.precision import native_bf16_from_flags
-
-        flags = next(
-            (ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), []
-        )
-        onednn = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        assert result["native_bf16"] is native_bf16_from_flags(set(flags), onednn)[0]
+        # the real detection, imported at collection (tests/conftest.py mocks the module attribute per test)
+        assert result["native_bf16"] is real_cpu_native_bf16()[0]
     for key in EXPECTED[script]:
         value = result[key]
         if isinstance(value, bool):
