@@ -57,15 +57,26 @@ def test_the_deadline_holds_per_call_under_concurrent_callers():
     from mas_envs.rewards import _worker
 
     # a full pool of warm workers: a call that finds room and starts one is not charged its start-up
+    def fill_pool() -> None:
+        # `prestart` adds a worker only when none is idle, so it cannot fill a pool that has one idle worker
+        # (a warm-up call that timed out under load leaves exactly that): start the missing ones directly
+        with _worker._cond:
+            for w in [w for w in _worker._idle if w.dead()]:
+                _worker._idle.remove(w)
+                _worker._live -= 1
+                w.kill()
+            while _worker._live < _worker.MAX_WORKERS:
+                _worker._idle.append(_worker._start())
+        for w in list(_worker._idle):
+            w.wait_ready()
+
+    fill_pool()
     warm = [threading.Thread(target=grade_math, args=(r"\boxed{1}", "2")) for _ in range(_worker.MAX_WORKERS)]
     for t in warm:
         t.start()
     for t in warm:
         t.join(60)
-    while len(_worker._idle) < _worker.MAX_WORKERS and _worker._live < _worker.MAX_WORKERS:
-        _worker.prestart()
-    for w in list(_worker._idle):
-        w.wait_ready()
+    fill_pool()
     took: dict[str, float] = {}
 
     def grade(name: str, response: str, gold: str) -> None:
