@@ -35,6 +35,8 @@ EXPECTED = {
     },
     "retrieval.py": {"search_speedup", "same_ids", "p50_ms", "req_s"},
 }
+# flags a script's tiny run adds, so its optional paths run too
+EXTRA_ARGS = {"step.py": ["--profile", "3"]}
 
 
 def test_every_script_is_covered():
@@ -52,7 +54,7 @@ def test_benchmark_tiny_mode_reports_its_keys(script, tiny_qwen3_path, tmp_path)
         "OMP_NUM_THREADS": "1",
     }
     proc = subprocess.run(
-        [sys.executable, str(BENCH / script), "--tiny", "--json"],
+        [sys.executable, str(BENCH / script), "--tiny", "--json", *EXTRA_ARGS.get(script, [])],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -65,6 +67,12 @@ def test_benchmark_tiny_mode_reports_its_keys(script, tiny_qwen3_path, tmp_path)
     if script in ("step.py", "generate.py"):  # what the CPU reported, either way (AVX2: False; Zen 5: True)
         # the real detection, imported at collection (tests/conftest.py mocks the module attribute per test)
         assert result["native_bf16"] is real_cpu_native_bf16()[0]
+    if script == "step.py":  # the update profile of each dtype: shares of self CPU time that add up to 1
+        for name in ("profile_bf16", "profile_fp32"):
+            shares = [v for k, v in result[name].items() if k.startswith("share_")]
+            assert sum(shares) == pytest.approx(1.0) and result[name]["share_gemm"] > 0, result[name]
+            assert result[name]["gemm_gflop_s"] > 0 and result[name]["self_cpu_s"] > 0
+        assert result["update_done_gflop_s"] > 0
     for key in EXPECTED[script]:
         value = result[key]
         if isinstance(value, bool):

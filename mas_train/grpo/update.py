@@ -277,6 +277,14 @@ class GroupGRPOTrainer(TRLGRPO):
             elif self.beta != 0.0:
                 inp["ref_per_token_logps"] = self.trl_logps(self.ref_model, inp)
             prepared.append((agent, inp, [samples[i].agent for i in idx]))
+        # token positions each optimizer step runs through the model (padding included, a shared prefix once):
+        # the work done, which the left-out zero-advantage samples and the shared prefix make less than the batch
+        forward_tokens = sum(p.length for p in prefixes.values()) + sum(
+            inp["completion_ids"].numel()
+            + inp["prompt_ids"].numel()
+            - inp["prompt_ids"].size(0) * (prefixes[a].length if a in prefixes else 0)
+            for a, inp, _ in prepared
+        )
         if need_old:  # the mismatch (and the correction) against the policy before the update
             for _, inp, rows in prepared:
                 self.sampler_check(inp, inp["old_per_token_logps"], rows)
@@ -338,6 +346,7 @@ class GroupGRPOTrainer(TRLGRPO):
             "num_samples": float(n_all),
             "num_skipped_zero_advantage": float(n_all - len(samples)),
             "num_micro_batches": float(n_micro),
+            "num_forward_tokens": float(forward_tokens * num_iterations),
         }
         for a, v in agent_norms.items():
             out[f"grad_norm/{a}"] = v

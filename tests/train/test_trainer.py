@@ -127,6 +127,10 @@ def test_zero_advantage_samples_are_skipped_exactly_for_dapo(tiny_model_and_toke
     m_full = full.update(samples, adv, agent_grad_norms=True)
     assert m_skip["num_skipped_zero_advantage"] == 5 and m_full["num_skipped_zero_advantage"] == 0
     assert m_skip["num_micro_batches"] == 1 and m_full["num_micro_batches"] == 4
+    # positions run through the model, padding included: kept [r0, r2] pad to 8 + 4; the full update's
+    # length-sorted micro-batches [r0, r1] 7 + 3, [r3, r2] 8 + 5, [r4, r6] 7 + 4, [r5] 8 + 3
+    assert m_skip["num_forward_tokens"] == 2 * 12
+    assert m_full["num_forward_tokens"] == 2 * 10 + 2 * 13 + 2 * 11 + 11
     assert (
         m_skip["num_samples"] == m_full["num_samples"] == 7 and m_skip["num_tokens"] == m_full["num_tokens"]
     )
@@ -210,6 +214,10 @@ def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, t
     for key in ("grad_norm", "grad_norm/solver", "grad_norm/verifier", "loss", "entropy"):
         assert m_shared[key] == pytest.approx(m_plain[key], rel=1e-4, abs=1e-6), key
     assert m_shared["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    # the work done: each prefix once (20 + 24) and the rest of each micro-batch padded (rest of the prompt +
+    # completion): solver [r0, r1] 3 + 3, [r3, r2] 5 + 5, verifier [r4, r6] 3 + 4, [r5] 5 + 3; plain: whole prompts
+    assert m_shared["num_forward_tokens"] == 20 + 24 + 2 * 6 + 2 * 10 + 2 * 7 + 8
+    assert m_plain["num_forward_tokens"] == 2 * (23 + 3) + 2 * (25 + 5) + 2 * (27 + 4) + (29 + 3)
 
 
 def test_importance_sampling_ratio_from_sampling_logprobs(tiny_model_and_tokenizer, tmp_path):
