@@ -194,10 +194,12 @@ def test_lora_sync_loads_in_place(connect, reference):
     peft = lora_lib.wrap(copy.deepcopy(model), cfg, "solver").eval()
 
     def perturb(seed):
+        # Both factors from the seeded generator: with lora_A left at PEFT's unseeded random init, the update
+        # was sometimes too small to change the 6 greedy tokens and the last assert failed (CI, once).
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for n, p in peft.named_parameters():
-                if "lora_B" in n:
+                if "lora_A" in n or "lora_B" in n:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.05)
 
     backend = connect(lora_name="solver", lora=cfg)
