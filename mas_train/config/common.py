@@ -87,11 +87,11 @@ LAPTOP_DEFAULTS["search-3agent"] = {
     "learning_rate": 1e-4,
     "num_generations": 8,
     "tasks_per_step": 2,
-    "max_steps": 12,
+    "max_steps": 16,
     "sampling": {"max_new_tokens": 40},
-    "eval_steps": 6,
+    "eval_steps": 8,
     "eval_num_tasks": 50,
-    "save_steps": 6,
+    "save_steps": 8,
 }
 LAPTOP_DEFAULTS["search-1agent"] = {
     **LAPTOP_DEFAULTS["search-3agent"],

@@ -789,7 +789,7 @@ def test_plain_search_run_is_its_written_out_example_config_and_the_paper_settin
         one.train_data == plain.train_data
         and one.env_kwargs == LAPTOP_DEFAULTS["search-1agent"]["env_kwargs"]
     )
-    assert (one.max_steps, one.num_generations, one.eval_num_tasks) == (12, 8, 50)  # the 3-agent budget
+    assert (one.max_steps, one.num_generations, one.eval_num_tasks) == (16, 8, 50)  # the 3-agent budget
     # the paper setting: name its tasks (or another model) and the env's own prompts, data and retriever apply
     for argv in (["--train_data", "hotpotqa"], ["--model", "tiny-qwen3"]):
         paper = parse_args(["--env", "search-3agent", *argv])
