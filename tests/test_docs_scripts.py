@@ -8,32 +8,46 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "docs" / "scripts" / "search_run_env.py"
+KEYS = (
+    "env/searches",
+    "env/evidence_hit",
+    "env/verifier_accuracy",
+    "env/verifier_yes_rate",
+    "losses/grad_norm/searcher",
+    "lemma/factor/searcher",
+)
 
 
-def test_search_run_env_figure_draws_every_run_and_step(tmp_path):
+def _run_dir(path: Path, keys=KEYS) -> str:
+    path.mkdir()
+    lines = [{"step": 0, "eval/avg@4": 0.25}]  # an eval line: drawn in no panel
+    lines += [{"step": s, "charts/reward": 0.25 * s, **{k: 0.1 * s for k in keys}} for s in range(1, 5)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+def _draw(out: Path, runs: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), *runs], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_search_run_env_figure_draws_six_panels_and_refuses_a_run_without_its_metrics(tmp_path):
     from PIL import Image
 
-    runs = []
-    for seed in range(2):
-        run = tmp_path / f"seed{seed}"
-        run.mkdir()
-        lines = [{"step": 0, "eval/avg@4": 0.25}]  # an eval line: not a training step, skipped
-        for step in range(1, 5):
-            lines.append(
-                {
-                    "step": step,
-                    "charts/reward": 0.25 * step,
-                    "env/searches": 1.5,
-                    "env/evidence_hit": 0.5,
-                    "env/verifier_accuracy": 0.75,
-                    "env/verifier_yes_rate": 0.25,
-                    "losses/grad_norm/searcher": 0.1 * step,
-                    "lemma/factor/searcher": 1.0,
-                }
-            )
-        (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-        runs.append(str(run))
     out = tmp_path / "env.png"
-    script = ROOT / "docs" / "scripts" / "search_run_env.py"
-    subprocess.run([sys.executable, str(script), str(out), *runs], check=True, timeout=120)
-    assert Image.open(out).size == (1450, 760)  # figsize 14.5 x 7.6 in at 100 dpi
+    done = _draw(out, [_run_dir(tmp_path / "seed0"), _run_dir(tmp_path / "seed1")])
+    assert done.returncode == 0, done.stderr
+    # mas-plot's panel grid: 3 columns x 2 rows of 4.6 x 3.4 in (+0.5 in for the titles) at 100 dpi; a panel
+    # whose metric no run logged would be dropped, so six panels is also what the next case guards
+    assert Image.open(out).size == (1380, 730)
+
+    bad = _draw(tmp_path / "bad.png", [_run_dir(tmp_path / "math", keys=KEYS[:4])])
+    assert bad.returncode == 2 and not (tmp_path / "bad.png").exists()
+    assert bad.stderr.strip().splitlines() == [
+        "search_run_env.py: no run logged losses/grad_norm/searcher, lemma/factor/searcher; "
+        "pass search-3agent run folders"
+    ]
+    gone = _draw(tmp_path / "x.png", [str(tmp_path / "nowhere")])
+    assert gone.returncode == 2 and "metrics.jsonl not found" in gone.stderr

@@ -29,7 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunMetrics", "fit_suptitle", "load_run", "main", "plot_run", "plot_runs", "style_axes"]
+__all__ = [
+    "RunMetrics",
+    "fit_suptitle",
+    "load_run",
+    "main",
+    "panels_figure",
+    "plot_run",
+    "plot_runs",
+    "style_axes",
+]
 
 _EVAL_KEY = re.compile(r"^eval/(avg|pass)@(\d+)$")
 
@@ -155,7 +164,7 @@ def fit_suptitle(fig, text: str, fontsize: float = 12.0):
     return fig.suptitle("\n".join(lines), fontsize=fontsize)
 
 
-def _panels_figure(
+def panels_figure(
     runs: Sequence[RunMetrics],
     panels: Sequence[tuple[str, str, str]],
     title: str,
@@ -243,7 +252,7 @@ def _eval_figure(runs: Sequence[RunMetrics], path: Path) -> Path | None:
             if len(values) >= 2:
                 ptitle += f"\nstep {steps[0]} → {steps[-1]}: {values[0]:.3f} → {values[-1]:.3f}"
         panels.append((ptitle, k, "fraction of eval tasks"))
-    return _panels_figure(runs, panels, "Evaluation (step 0 = before training)", path, marker="o")
+    return panels_figure(runs, panels, "Evaluation (step 0 = before training)", path, marker="o")
 
 
 def plot_runs(
@@ -272,7 +281,7 @@ def plot_runs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [
-        _panels_figure(
+        panels_figure(
             runs,
             [
                 ("team reward (mean over trajectories)", "charts/reward", "reward"),
@@ -283,7 +292,7 @@ def plot_runs(
             smooth=SMOOTH_STEPS,
         ),
         _eval_figure(runs, out / "eval.png"),
-        _panels_figure(
+        panels_figure(
             runs,
             [
                 (a, f"charts/invalid_rate/{a}", "fraction of turns")
@@ -292,20 +301,20 @@ def plot_runs(
             "Invalid (malformed) turns per agent",
             out / "invalid_rate.png",
         ),
-        _panels_figure(
+        panels_figure(
             runs,
             [(a, f"losses/grad_norm/{a}", "gradient L2 norm") for a in _agents(runs, "losses/grad_norm/")],
             "Gradient norm per agent",
             out / "grad_norm.png",
         ),
-        _panels_figure(
+        panels_figure(
             runs,
             [(n, f"env/{n}", "episode mean") for n in _agents(runs, "env/")],
             "Environment metrics (mean over episodes)",
             out / "env.png",
             smooth=SMOOTH_STEPS,
         ),
-        _panels_figure(
+        panels_figure(
             runs,
             [
                 (a, f"lemma/factor/{a}", r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$")
