@@ -332,7 +332,8 @@ def _band_figure(
                 steps,
                 mean,
                 "-",
-                marker="o" if steps.size < 3 else None,
+                # evaluations are a few points joined by lines: mark them so the line does not read as measured
+                marker="o" if steps.size < 3 or key.startswith("eval/") else None,
                 color=c,
                 label=f"{mode} (n={len(rs)})",
             )
