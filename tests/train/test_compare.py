@@ -273,3 +273,30 @@ def test_mode_band_keeps_steps_a_seed_did_not_log():
     assert (
         mean.tolist() == [2.0, 2.0, 4.0] and lo.tolist() == [1.0, 2.0, 3.0] and hi.tolist() == [3.0, 2.0, 5.0]
     )
+
+
+def test_report_marks_evaluation_points_but_not_per_step_curves(tmp_path, monkeypatch):
+    """Three evaluations joined by lines would read as a measured curve: the eval panel marks its points, the
+    12-step training curves stay plain lines."""
+    import matplotlib.axes
+
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+
+    def recording_plot(ax, *args, **kwargs):
+        if "(n=" in str(kwargs.get("label")):  # the per-mode band figures (mas-plot's per-run figures aside)
+            drawn.append((kwargs["label"], len(args[0]), kwargs.get("marker")))
+        return real_plot(ax, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording_plot)
+    evals = ((0, 0.25, 0.5), (6, 0.375, 0.5), (12, 0.5, 0.75))
+    dirs = [
+        write_fake_run(tmp_path / f"{m}0", mode=m, seed=0, grad_norms={"solver": [1.0] * 12}, evals=evals)
+        for m in ("grpo", "drmas")
+    ]
+    build_report(dirs, tmp_path / "report")
+    # one line per mode and panel: the eval panel's lines have the 3 eval steps, the others the 12 training steps
+    evals_drawn = [d for d in drawn if d[1] == 3]
+    steps_drawn = [d for d in drawn if d[1] == 12]
+    assert len(evals_drawn) == 2 and all(marker == "o" for _, _, marker in evals_drawn)
+    assert steps_drawn and all(marker is None for _, _, marker in steps_drawn)
