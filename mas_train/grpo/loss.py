@@ -6,11 +6,12 @@ value (tests/train/test_loss.py). Shapes: ``B`` rows (completions) of a micro-ba
 (right-padded); ``mask`` ``(B, T)`` is 1 on tokens in the loss (int or float). Log-probabilities are float
 tensors (float32 in practice). A per-token quantity may also be ``(B, 1)`` (sequence level), broadcast over T.
 
-The loss of a micro-batch is ``aggregate(surrogate(r, A) · w + β · KL, mask)``:
+The loss of a micro-batch is ``aggregate(surrogate(r, A·w) + β · KL, mask)``:
 
 * ``r`` the policy ratio :func:`policy_ratio` (PPO), ``A`` the advantage, ``w`` the importance-sampling weight
   between the sampler and the trainer (``mas_train.grpo.importance.importance_ratio``, capped or masked as TRL's
-  ``vllm_importance_sampling_*`` settings say), applied per token by :func:`weighted`;
+  ``vllm_importance_sampling_*`` settings say), applied per token by :func:`weighted` (equal to
+  ``surrogate(r, A) · w``, as ``w ≥ 0``);
 * the surrogate of the ``loss_type`` (:func:`clipped_surrogate` for ``grpo``/``bnpo``/``dr_grpo``/``dapo``/
   ``luspo``, :func:`cispo_surrogate`, :func:`sapo_surrogate`, :func:`vespo_surrogate`);
 * the KL term :func:`k3_kl` (Schulman's k3 estimator, DeepSeekMath eq. 4) times ``beta``;
@@ -127,10 +128,13 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def weighted(per_token_loss: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """``per_token_loss · w``: the importance-sampling correction as a per-token weight (``w`` ``(B, T)`` or
-    ``(B, 1)``, ``≥ 0``, detached; ``None``: no correction). TRL applies the same product to vLLM's ratio."""
-    return per_token_loss if weight is None else per_token_loss * weight
+def weighted(advantages: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """The importance-sampling correction as a per-token weight: ``A · w`` (``A`` ``(B, 1)``, ``w`` ``(B, T)`` or
+    ``(B, 1)``, ``≥ 0``, detached; ``None``: no correction, ``A`` as is), the advantage each token's surrogate
+    is computed with. Since ``w ≥ 0``, ``-min(r·A·w, clip(r)·A·w) = w · -min(r·A, clip(r)·A)``: the same loss as
+    TRL's product of the per-token loss with vLLM's ratio, for every surrogate here (``sapo`` picks its
+    temperature on the sign of ``A·w``, which is that of ``A`` wherever ``w > 0``)."""
+    return advantages if weight is None else advantages * weight
 
 
 def aggregate(

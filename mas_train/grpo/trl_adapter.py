@@ -286,6 +286,9 @@ class TRLGRPO(GRPOTrainer):  # type: ignore[misc,unused-ignore]  # trl is untype
         weight = self.importance_weights(inputs, logps)
         adv = inputs["advantages"]
         adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+        vespo = loss_type == "vespo"
+        if not vespo:  # vespo takes the IS weight into its gamma weights instead
+            adv = L.weighted(adv, weight)
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
 
@@ -308,7 +311,7 @@ class TRLGRPO(GRPOTrainer):  # type: ignore[misc,unused-ignore]  # trl is untype
             per_token = L.cispo_surrogate(ratio, adv, logps, self.epsilon_high)
         elif loss_type == "sapo":
             per_token = L.sapo_surrogate(ratio, adv, args.sapo_temperature_pos, args.sapo_temperature_neg)
-        else:  # vespo: the IS weight enters the gamma weights instead of multiplying the loss
+        else:
             phi = GRPOTrainer.get_gamma_weights(
                 advantages=adv,
                 log_ratio_per_token=logps - old,
@@ -330,8 +333,6 @@ class TRLGRPO(GRPOTrainer):  # type: ignore[misc,unused-ignore]  # trl is untype
             )
         if entropy_mask is not None:
             per_token = per_token * entropy_mask
-        if phi is None:
-            per_token = L.weighted(per_token, weight)
         if kl is not None:
             per_token = per_token + self.beta * kl
         loss = L.aggregate(
@@ -359,20 +360,15 @@ class TRLGRPO(GRPOTrainer):  # type: ignore[misc,unused-ignore]  # trl is untype
             record("kl", L.masked_mean(kl.detach(), mask))
         if entropies is not None:
             record("entropy", L.masked_mean(entropies.detach(), mask))
-        # a token the IS weight zeroes takes no part in the loss, so it is not counted as clipped
-        signed = adv if weight is None or phi is not None else adv * weight
+        # clips are counted on the weighted advantage: a token the IS weight zeroes is never clipped
         ratio = ratio.detach()
         if loss_type in L.CLIPPED_LOSS_TYPES:
             if args.delta is not None:  # TRL counts clips on the ratio after the delta cap
                 ratio = torch.clamp(ratio, max=args.delta)
-            for key, value in L.clip_fractions(
-                ratio, signed, mask, self.epsilon_low, self.epsilon_high
-            ).items():
+            for key, value in L.clip_fractions(ratio, adv, mask, self.epsilon_low, self.epsilon_high).items():
                 record(key, value)
         elif loss_type == "cispo":
-            record(
-                "cispo_clip_ratio", L.masked_mean(((ratio > self.epsilon_high) & (signed > 0)).float(), mask)
-            )
+            record("cispo_clip_ratio", L.masked_mean(((ratio > self.epsilon_high) & (adv > 0)).float(), mask))
         elif phi is not None:
             record("vespo/phi_seq_mean", L.masked_mean(phi, mask))
         return loss

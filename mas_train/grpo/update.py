@@ -43,14 +43,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from trl import GRPOConfig
 
 from mas_train.grpo.importance import SamplerCheck
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, TokenLogps, grpo_args
 from mas_train.precision import resolve_precision, tis_rule
-from mas_train.rollout import Sample
+from mas_train.samples import Sample
 
-__all__ = ["GroupGRPOTrainer", "ShardPlan", "build_group_trainer", "grpo_args"]
+__all__ = ["GroupGRPOTrainer", "MicroBatch", "ShardPlan", "build_group_trainer", "grpo_args"]
+
+#: one micro-batch of an update: its agent (``None`` when micro-batches are not split by agent) and the indices of
+#: its samples
+MicroBatch = tuple[str | None, list[int]]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ class ShardPlan:
     plan and their loss weights (:func:`~mas_train.hosting.sharded_rank.rank_share`)."""
 
     world: int
-    share: Callable[[list], tuple[list, list[float]]]
+    share: Callable[[list[MicroBatch]], tuple[list[MicroBatch], list[float]]]
 
 
 class GroupGRPOTrainer(TRLGRPO):
@@ -84,15 +89,15 @@ class GroupGRPOTrainer(TRLGRPO):
 
     def __init__(
         self,
-        model,
-        tokenizer,
-        args,
+        model: Any,
+        tokenizer: Any,
+        args: GRPOConfig,
         *,
         micro_batch_size: int,
-        ref_model=None,
+        ref_model: Any = None,
         share_prefix: bool = True,
         shard: ShardPlan | None = None,
-    ):
+    ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         super().__init__(model, tokenizer, args, ref_model=ref_model)
@@ -196,11 +201,13 @@ class GroupGRPOTrainer(TRLGRPO):
         return self.sampler_check(inputs, logps.detach(), inputs["row_agents"])
 
     # -- update ---------------------------------------------------------------------------------------
-    def _micro_batches(self, samples, advantages, by_agent: bool) -> list[tuple[str | None, list[int]]]:
+    def _micro_batches(
+        self, samples: Sequence[Sample], advantages: Sequence[float], by_agent: bool
+    ) -> list[MicroBatch]:
         """``(agent, indices)`` of each micro-batch: grouped by agent when ``by_agent`` (for per-agent grad
         norms; else the agent is ``None``, which no agent name can equal) and length-sorted (less padding)."""
-        keys: list[str | None] = sorted({s.agent for s in samples}) if by_agent else [None]
-        out = []
+        keys: list[str | None] = [a for a in sorted({s.agent for s in samples})] if by_agent else [None]
+        out: list[MicroBatch] = []
         for k in keys:
             idx = [i for i, s in enumerate(samples) if k is None or s.agent == k]
             idx.sort(key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
@@ -323,6 +330,7 @@ class GroupGRPOTrainer(TRLGRPO):
                 prefixes[current].backward()
             if agent_grad_norms:
                 acc = self._fold_agent_grad(params, acc, current, agent_norms)
+                assert acc is not None  # the last agent was folded
                 for p, a in zip(params, acc, strict=True):
                     p.grad = a
             max_norm = self.args.max_grad_norm
@@ -375,7 +383,12 @@ class GroupGRPOTrainer(TRLGRPO):
         )
 
     @staticmethod
-    def _fold_agent_grad(params, acc, agent, norms):
+    def _fold_agent_grad(
+        params: Sequence[torch.Tensor],
+        acc: list[torch.Tensor | None] | None,
+        agent: str | None,
+        norms: dict[str, float],
+    ) -> list[torch.Tensor | None] | None:
         """Read the gradient accumulated since the last fold (one agent's samples alone), add it to ``acc``
         and clear ``.grad`` for the next agent."""
         if agent is None:
@@ -391,17 +404,18 @@ class GroupGRPOTrainer(TRLGRPO):
             for i, p in enumerate(params):
                 if p.grad is None:
                     continue
-                if acc[i] is None:
+                held = acc[i]
+                if held is None:
                     acc[i] = p.grad
                 else:
-                    acc[i].add_(p.grad)
+                    held.add_(p.grad)
         for p in params:
             p.grad = None
         return acc
 
 
 def build_group_trainer(
-    resolved, group: str, model, tok, device: str, *, shard: ShardPlan | None = None
+    resolved: Any, group: str, model: Any, tok: Any, device: str, *, shard: ShardPlan | None = None
 ) -> GroupGRPOTrainer:
     """The :class:`~mas_train.grpo.update.GroupGRPOTrainer` of model group ``group`` on ``model`` (trained in place):
     the group's GRPO settings, the sampling temperature of its agents, ``max_completion_length`` from their

@@ -135,13 +135,16 @@ def test_importance_weight_caps_by_hand_and_weights_the_loss():
     torch.testing.assert_close(w, torch.tensor([[0.0]]))  # 0.6065 > 0.6: masked
     w, _ = importance_ratio(old, samp, mask, mode="sequence_truncate", clip_min=None, clip_max=0.6)
     torch.testing.assert_close(w, torch.tensor([[0.6]]))  # capped at 0.6
-    # the weight multiplies each token's surrogate: [-1, -1.28, -0.5] · [1.5, 0.5, 1] = [-1.5, -0.64, -0.5]
-    per_token = L.clipped_surrogate(RATIO[:1], ADV[:1], EPS_LOW, EPS_HIGH)
+    # each token's surrogate takes the weighted advantage A·w = 1 · [1.5, 0.5, 1]: r = [1, 1.5, 0.5], clip(r) =
+    # [1, 1.28, 0.8]; min(r·Aw, clip·Aw) = [1.5, min(0.75, 0.64), min(0.5, 0.8)]: the surrogate [-1, -1.28, -0.5]
+    # of the unweighted advantage times w
     w, _ = importance_ratio(
         old[:, :3], samp[:, :3], mask[:, :3], mode="token_truncate", clip_min=0.5, clip_max=1.5
     )
-    torch.testing.assert_close(L.weighted(per_token, w), torch.tensor([[-1.5, -0.64, -0.5]]))
-    assert L.weighted(per_token, None) is per_token
+    per_token = L.clipped_surrogate(RATIO[:1], L.weighted(ADV[:1], w), EPS_LOW, EPS_HIGH)
+    torch.testing.assert_close(per_token, torch.tensor([[-1.5, -0.64, -0.5]]))
+    torch.testing.assert_close(per_token, L.clipped_surrogate(RATIO[:1], ADV[:1], EPS_LOW, EPS_HIGH) * w)
+    assert L.weighted(ADV, None) is ADV
 
 
 # ---------------------------------------------------------------------------------------------------------------
