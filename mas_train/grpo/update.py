@@ -105,9 +105,7 @@ class GroupGRPOTrainer(TRLGRPO):
         self.pad_token_id = tokenizer.pad_token_id
         # an MoE router loss needs the plain forward (the shared-prefix forward does not return it)
         self.share_prefix = share_prefix and not self.aux_loss_enabled
-        self._prefix: SharedPrefix | None = (
-            None  # the shared prefix the current micro-batch's rows start with
-        )
+        self._prefix: SharedPrefix | None = None  # the shared prefix of the current micro-batch's rows
         self.sampler_check = SamplerCheck(
             bool(args.vllm_importance_sampling_correction),
             args.vllm_importance_sampling_mode,
