@@ -2,7 +2,7 @@
 
 The backend samples a completion with logprobs ``logp_sample``; the trainer's forward of the same tokens gives
 ``logp_old`` (the policy before the update). They differ (another engine, other kernels, rounding), so the
-per-token advantages are reweighted by ``w = exp(logp_old − logp_sample)`` as TRL does for vLLM
+per-token loss is weighted by ``w = exp(logp_old − logp_sample)`` as TRL does for vLLM
 (``vllm_importance_sampling_*`` settings), for any backend: token- or sequence-level, truncated (``w``
 capped to ``[clip_min, clip_max]``) or masked (``w = 0`` outside it). Where it is applied is decided per model
 group by :func:`mas_train.precision.tis_rule` (where sampler and trainer differ); the mismatch itself is measured
@@ -10,6 +10,8 @@ per agent in every update (:class:`SamplerCheck`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -92,7 +94,7 @@ def mismatch_sums(
 
 
 class SamplerCheck:
-    """The sampler–trainer mismatch of one update, per agent, and the importance-sampling correction.
+    """The sampler–trainer mismatch of one update, per agent, and the importance-sampling weight.
 
     Every micro-batch's trainer logprobs (the policy before the update) are compared with the sampler's, per agent
     (``Δ = logp_train − logp_sample`` over completion tokens in the loss). :meth:`pop` gives, per agent ``a``:
@@ -101,28 +103,22 @@ class SamplerCheck:
     inverse), plus TRL's means over all tokens (:func:`importance_ratio`'s stats) when the correction is applied.
 
     Args:
-        correct: apply the correction (``A · w``, or ``vespo``'s ratio input), the ``vllm_importance_sampling_*``
-            settings; ``False``: measure only (the advantages are left as they are).
+        correct: return the weight (the ``vllm_importance_sampling_*`` settings); ``False``: measure only.
         mode, clip_min, clip_max: see :func:`importance_ratio`.
-        vespo: the loss takes the ratio as its ``importance_sampling_ratio`` input instead.
     """
 
-    def __init__(
-        self, correct: bool, mode: str, clip_min: float | None, clip_max: float | None, vespo: bool
-    ) -> None:
-        self.correct, self.mode, self.clip_min, self.clip_max, self.vespo = (
-            correct,
-            mode,
-            clip_min,
-            clip_max,
-            vespo,
-        )
+    def __init__(self, correct: bool, mode: str, clip_min: float | None, clip_max: float | None) -> None:
+        self.correct, self.mode, self.clip_min, self.clip_max = correct, mode, clip_min, clip_max
         self._sums: dict[str, list[float]] = {}
         self._trl: dict[str, list[float]] = {}
 
-    def __call__(self, inputs: dict, old_logps: torch.Tensor, agents: list[str]) -> None:
-        """Record the mismatch of one micro-batch (``agents``: each row's agent) and, when correcting, fold the
-        ratio into ``inputs`` (in place)."""
+    def __call__(
+        self, inputs: Mapping[str, torch.Tensor], old_logps: torch.Tensor, agents: Sequence[str]
+    ) -> torch.Tensor | None:
+        """Record the mismatch of one micro-batch (``agents``: each row's agent; ``inputs``: its
+        ``completion_mask`` and ``sampling_per_token_logps``, ``(B, T)``) and return the importance-sampling weight
+        (:func:`importance_ratio`, detached: ``(B, T)``, or ``(B, 1)`` for the sequence modes), or ``None`` when
+        not correcting. The loss applies it per token (:func:`mas_train.grpo.loss.weighted`)."""
         mask, samp = inputs["completion_mask"], inputs["sampling_per_token_logps"]
         for a in dict.fromkeys(agents):
             rows = torch.tensor([x == a for x in agents], device=mask.device)
@@ -130,17 +126,13 @@ class SamplerCheck:
             acc = self._sums.setdefault(a, [0.0, 0.0, 0.0, 0.0])
             acc[0], acc[1], acc[2], acc[3] = acc[0] + s[0], acc[1] + s[1], max(acc[2], s[2]), acc[3] + s[3]
         if not self.correct:
-            return
+            return None
         ratio, stats = importance_ratio(
             old_logps.detach(), samp, mask, mode=self.mode, clip_min=self.clip_min, clip_max=self.clip_max
         )
         for key, value in stats.items():
             self._trl.setdefault(key, []).append(value)
-        if self.vespo:
-            inputs["importance_sampling_ratio"] = ratio
-        else:
-            adv = inputs["advantages"]
-            inputs["advantages"] = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * ratio
+        return ratio
 
     def pop(self) -> dict[str, float]:
         """The update's statistics (class docstring), then cleared for the next update."""

@@ -64,7 +64,7 @@ def agent_prefix_lengths(samples: Sequence[Any]) -> dict[str, int]:
 
 
 def build_prefixes(
-    model, samples: Sequence[Any], lengths: dict[str, int], device
+    model: Any, samples: Sequence[Any], lengths: dict[str, int], device: torch.device | str
 ) -> dict[str, SharedPrefix] | None:
     """One :class:`SharedPrefix` per agent of ``lengths`` (its first ``n`` prompt tokens), run forward now; None
     when the model's cache cannot be broadcast over a batch."""
@@ -91,7 +91,7 @@ class SharedPrefix:
             broadcasting it over a batch would not be exact; the caller falls back to the plain forward.
     """
 
-    def __init__(self, model, prefix_ids: Sequence[int], device) -> None:
+    def __init__(self, model: Any, prefix_ids: Sequence[int], device: torch.device | str) -> None:
         from transformers.cache_utils import DynamicLayer
 
         ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
@@ -107,7 +107,7 @@ class SharedPrefix:
         # back to the states' dtype (a no-op in fp32)
         self._leaves = [t.detach().float().requires_grad_(t.requires_grad) for t in self._states]
 
-    def cache(self, batch_size: int):
+    def cache(self, batch_size: int) -> Any:
         """A fresh ``DynamicCache`` holding the prefix states broadcast to ``batch_size`` rows (no copy)."""
         from transformers import DynamicCache
 
@@ -134,8 +134,13 @@ class SharedPrefix:
 
 
 def prefix_logps(
-    model, prefix: SharedPrefix, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool
-):
+    model: Any,
+    prefix: SharedPrefix,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token completion logprobs (and entropies) of rows laid out ``[prefix | rest]`` (module docstring).
 
     Args:
@@ -145,7 +150,7 @@ def prefix_logps(
         logits_to_keep: T, the completion width (the last T columns).
 
     Returns:
-        ``(logps (B, T), entropies (B, T) or None)``, as TRL's ``_get_per_token_logps_and_entropies``.
+        ``(logps (B, T), entropies (B, T) or None)``, as :func:`mas_train.grpo.trl_adapter.fused_logps`.
     """
     p = prefix.length
     rest = input_ids[:, p:]

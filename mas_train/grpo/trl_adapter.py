@@ -1,7 +1,15 @@
-"""TRL behind one adapter: every touch of a TRL private name or workaround of its behaviour is in this module.
+"""TRL behind one adapter: our GRPO loss (:mod:`mas_train.grpo.loss`) on TRL's trainer, and every workaround of
+TRL's behaviour, in this module.
 
-:class:`TRLGRPO` is a ``trl.GRPOTrainer`` that trains on samples built outside it; the GRPO update of a model
-group (:class:`~mas_train.grpo.update.GroupGRPOTrainer`) subclasses it and uses only the public names below.
+:class:`TRLGRPO` is a ``trl.GRPOTrainer`` that trains on samples built outside it. It overrides the public
+``compute_loss``: the per-token forward, the importance-sampling weight, the surrogate of every ``loss_type``, the
+KL term and the token aggregation are ours (pure functions in :mod:`mas_train.grpo.loss`, the same formulas as TRL
+1.16.0's ``_compute_loss``, checked against it in tests/train/test_loss.py). From TRL it keeps the constructor
+(config validation, fused LM head, dropout, checkpointing, PEFT handling), the optimizer and scheduler, and three
+public helpers of the loss (``get_high_entropy_mask``, and the static ``get_off_policy_mask`` and
+``get_gamma_weights``). The GRPO update of a model group (:class:`~mas_train.grpo.update.GroupGRPOTrainer`)
+subclasses it and uses only the public names below. No private TRL name is read, written or overridden.
+
 Each workaround was checked against trl 1.16.0 and has a test in ``tests/train/test_trl_adapter.py`` that fails
 loudly when a TRL upgrade changes the behaviour it relies on:
 
@@ -12,19 +20,11 @@ loudly when a TRL upgrade changes the behaviour it relies on:
    the constructor requires both, though rewards come from the env and batches from the collector.
 3. **Batch shapes faked for validation.** :func:`grpo_args` sets ``num_generations=2`` and
    ``per_device_train_batch_size=2`` only to pass ``GRPOConfig``'s batch-shape validation.
-4. **The per-token logprob forward.** The private ``_get_per_token_logps_and_entropies`` is overridden to call
-   the public hook :meth:`TRLGRPO.training_logps` (the update folds the importance-sampling ratio into the
-   advantages there, and runs shared prompt prefixes once), and called directly by :meth:`TRLGRPO.trl_logps`.
-5. **Loss normalisers.** :meth:`TRLGRPO.set_accumulation` sets ``current_gradient_accumulation_steps`` to the
-   number of micro-batches; the update sets ``num_items_in_batch`` to the step's completion tokens scaled by
-   ``steps_per_generation / n_micro``, so TRL's loss normalisers see one optimizer step per update.
-6. **TRL's metric store.** :meth:`TRLGRPO.pop_trl_metrics` reads and clears ``_metrics["train"]``.
-7. **The entropy bonus flag.** :attr:`TRLGRPO.entropy_bonus_enabled` reads the private
-   ``_entropy_bonus_enabled``.
-8. **The fused LM head patch.** TRL replaces the policy's ``forward`` (an instance attribute) with a fused LM
-   head at the trainer's temperature. Under ``shared_lora`` several trainers share one base model, so each group
-   keeps its own patch (:func:`fused_forward`) and puts it back before it trains (:func:`restore_fused_forward`),
-   or every group would train at the last group's temperature. The KL reference gets the same patch
+4. **The fused LM head patch.** TRL replaces the policy's ``forward`` (an instance attribute) with a fused LM
+   head at the trainer's temperature; our forward (:func:`fused_logps`) calls it with ``fused_lm_head=True``.
+   Under ``shared_lora`` several trainers share one base model, so each group keeps its own patch
+   (:func:`fused_forward`) and puts it back before it trains (:func:`restore_fused_forward`), or every group
+   would train at the last group's temperature. The KL reference gets the same patch
    (``trl.trainer.utils.add_fused_lm_head``, with ``disable_dropout_in_model``).
 """
 
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -42,15 +42,23 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from mas_train.checkpoint import remove_if_empty
+from mas_train.grpo import loss as L
 
-__all__ = ["TRLGRPO", "fused_forward", "grpo_args", "no_reward", "restore_fused_forward"]
+__all__ = [
+    "TRLGRPO",
+    "TokenLogps",
+    "fused_forward",
+    "fused_logps",
+    "grpo_args",
+    "no_reward",
+    "restore_fused_forward",
+]
 
-LogpsFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
-
-def no_reward(prompts=None, completions=None, **kwargs):  # pragma: no cover - never called
+def no_reward(
+    prompts: list[Any] | None = None, completions: list[Any] | None = None, **kwargs: Any
+) -> list[float]:  # pragma: no cover - never called
     """A reward function GRPOTrainer requires and never calls here (workaround 2); returns zeros."""
-    # GRPOTrainer insists on a reward source even though our rewards come from the env (workaround 2).
     return [0.0] * len(completions or [])
 
 
@@ -104,8 +112,9 @@ def grpo_args(
 
 
 def fused_forward(peft_model: Any) -> Callable[..., Any] | None:
-    """The fused-LM-head ``forward`` TRL installed on ``peft_model``'s base model (workaround 8), or ``None``."""
-    return peft_model.get_base_model().__dict__.get("forward")
+    """The fused-LM-head ``forward`` TRL installed on ``peft_model``'s base model (workaround 4), or ``None``."""
+    forward: Callable[..., Any] | None = peft_model.get_base_model().__dict__.get("forward")
+    return forward
 
 
 def restore_fused_forward(peft_model: Any, forward: Callable[..., Any] | None) -> None:
@@ -114,8 +123,55 @@ def restore_fused_forward(peft_model: Any, forward: Callable[..., Any] | None) -
         peft_model.get_base_model().forward = forward
 
 
-class TRLGRPO(GRPOTrainer):
-    """A ``trl.GRPOTrainer`` built for updates on pre-built samples (workarounds 1, 2, 4–8 of the module).
+class TokenLogps(NamedTuple):
+    """One forward's per-token results on the completion tokens: ``logps`` ``(B, T)`` float log-probabilities,
+    ``entropies`` ``(B, T)`` (or ``None`` when not asked for), ``aux_loss`` a 0-dim MoE router loss (or ``None``)."""
+
+    logps: torch.Tensor
+    entropies: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
+
+
+def fused_logps(
+    model: Any,
+    inputs: Mapping[str, Any],
+    *,
+    compute_entropy: bool,
+    autocast: Callable[[], Any],
+    aux_loss: bool = False,
+) -> TokenLogps:
+    """The per-token log-probabilities (and entropies) of the completion tokens of loss ``inputs`` under ``model``,
+    through TRL's fused LM head (workaround 4; the computation of TRL's ``_get_per_token_logps_and_entropies``
+    on one chunk).
+
+    Args:
+        model: a causal LM whose ``forward`` TRL patched (``add_fused_lm_head``).
+        inputs: ``prompt_ids``/``prompt_mask`` ``(B, P)`` left-padded, ``completion_ids``/``completion_mask``
+            ``(B, T)`` right-padded.
+        compute_entropy: also return the per-token entropies.
+        autocast: a context-manager factory around the forward (``accelerator.autocast``).
+        aux_loss: ask an MoE model for its router load-balancing loss.
+
+    Returns:
+        A :class:`TokenLogps` with ``(B, T)`` float tensors.
+    """
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    keep = inputs["completion_ids"].size(1)
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, :-keep] = -100  # only the completion tokens are scored
+    extra = {"output_router_logits": True} if aux_loss else {}
+    with autocast():
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True, **extra
+        )
+    entropies = out.entropy[:, -keep:] if compute_entropy else None
+    return TokenLogps(out.log_probs[:, -keep:], entropies, out.aux_loss if aux_loss else None)
+
+
+class TRLGRPO(GRPOTrainer):  # type: ignore[misc,unused-ignore]  # trl is untyped (Any) for mypy
+    """A ``trl.GRPOTrainer`` built for updates on pre-built samples, whose ``compute_loss`` is ours (module
+    docstring).
 
     Args:
         model: the policy (``PreTrainedModel`` or ``peft.PeftModel``), trained in place.
@@ -126,11 +182,18 @@ class TRLGRPO(GRPOTrainer):
 
     Attributes:
         beta: the KL coefficient (``args.beta``). ref_is_base: the reference is the adapter-disabled base.
+        accumulation_steps: micro-batches per optimizer step (:meth:`set_accumulation`), the divisor of the
+            per-micro-batch losses (all ``loss_type`` values but the token-normalised ``dapo``/``cispo``/``vespo``).
+
+    Raises:
+        ValueError: a ``loss_type`` not in :data:`mas_train.grpo.loss.LOSS_TYPES`.
     """
 
     def __init__(self, model: Any, tokenizer: Any, args: GRPOConfig, *, ref_model: Any = None) -> None:
         from accelerate.utils import is_peft_model
 
+        if args.loss_type not in L.LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {args.loss_type!r}; use one of {', '.join(L.LOSS_TYPES)}")
         beta = float(args.beta)
         # A LoRA policy's reference is its base with the adapter switched off (the adapter starts at B = 0, so
         # that is the initial policy), as TRL does for PEFT: no second copy of the weights.
@@ -157,77 +220,206 @@ class TRLGRPO(GRPOTrainer):
             disable_dropout_in_model(ref_model)
             add_fused_lm_head(ref_model, temperature=self.temperature)
             self.ref_model = ref_model
+        self.accumulation_steps = 1
+        self.epsilon_low = float(args.epsilon)
+        self.epsilon_high = float(args.epsilon if args.epsilon_high is None else args.epsilon_high)
+        # the entropy bonus (TRL's entropy_coef / use_adaptive_entropy): its coefficient now, and the entropy
+        # the adaptive rule last measured
+        self.entropy_coef = float(args.entropy_coef)
+        self.last_entropy = float("inf")
+        self.loss_metrics: dict[str, list[float]] = {}
         self.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
 
-    # -- workaround 4: the per-token logprob forward ---------------------------------------------------------
-    def training_logps(
-        self,
-        model: Any,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        logits_to_keep: int,
-        compute_entropy: bool,
-        trl_forward: LogpsFn,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The per-token completion logprobs ``(B, T)`` (and entropies) TRL's loss uses; override to change how
-        they are computed. ``trl_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy=...)``
-        is TRL's own forward. Default: TRL's."""
-        return trl_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy=compute_entropy)
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
-        aux: list[Any] = []
-
-        def trl_forward(m, ids, mask, keep, compute_entropy=False):
-            logps, ent, extra = super(TRLGRPO, self)._get_per_token_logps_and_entropies(
-                m, ids, mask, keep, *a, **{**kw, "compute_entropy": compute_entropy}
-            )
-            aux.append(extra)
-            return logps, ent
-
-        logps, ent = self.training_logps(
+    # -- the forward -----------------------------------------------------------------------------------------
+    def training_logps(self, model: Any, inputs: Mapping[str, Any]) -> TokenLogps:
+        """The per-token completion logprobs ``(B, T)``, entropies and router loss of the loss's forward (with
+        grad); override to change how they are computed. Default: :func:`fused_logps`."""
+        return fused_logps(
             model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            bool(kw.get("compute_entropy", False)),
-            trl_forward,
+            inputs,
+            compute_entropy=True,
+            autocast=self.accelerator.autocast,
+            aux_loss=bool(self.aux_loss_enabled),
         )
-        return logps, ent, (aux[0] if aux else None)
 
-    @torch.no_grad()
-    def trl_logps(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    @torch.no_grad()  # type: ignore[untyped-decorator,unused-ignore]  # torch is untyped (Any) for mypy
+    def completion_logps(self, model: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
         """Per-token completion logprobs ``(B, T)`` of ``model`` (the policy or the KL reference) on loss inputs,
-        through TRL's own forward, without grad."""
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logps, _, _ = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attn, inputs["completion_ids"].size(1)
-        )
-        return logps
+        without grad (:func:`fused_logps`)."""
+        return fused_logps(model, inputs, compute_entropy=False, autocast=self.accelerator.autocast).logps
+
+    def importance_weights(self, inputs: Mapping[str, Any], logps: torch.Tensor) -> torch.Tensor | None:
+        """The importance-sampling weight ``w`` (``(B, T)`` or ``(B, 1)``, detached, ``≥ 0``) of a micro-batch
+        whose training forward gave ``logps``, or ``None`` for no correction; override to compute it. Default:
+        ``inputs["importance_sampling_ratio"]`` when present."""
+        w: torch.Tensor | None = inputs.get("importance_sampling_ratio")
+        return w
 
     # -- the loss -------------------------------------------------------------------------------------------
-    def grpo_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """TRL's GRPO loss of one micro-batch of loss inputs (every ``loss_type``, clipping, KL)."""
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: Mapping[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> torch.Tensor:
+        """The GRPO loss of one micro-batch (:mod:`mas_train.grpo.loss`), to back-propagate as is.
+
+        ``inputs``: ``prompt_ids``/``prompt_mask`` ``(B, P)``, ``completion_ids``/``completion_mask`` ``(B, T)``,
+        ``advantages`` ``(B,)`` float, ``num_items_in_batch`` (the optimizer step's completion tokens, for the
+        token-normalised losses); optional ``old_per_token_logps`` (``num_iterations > 1``; else the forward's
+        own, detached), ``ref_per_token_logps`` (``beta > 0``), ``sampling_per_token_logps``,
+        ``importance_sampling_ratio`` (see :meth:`importance_weights`). Per-step metrics go to
+        :meth:`pop_loss_metrics` under TRL's names.
+
+        Raises:
+            ValueError: ``return_outputs=True`` (there are no outputs to return).
+        """
+        if return_outputs:
+            raise ValueError("TRLGRPO.compute_loss returns the loss only; call it with return_outputs=False")
+        args = self.args
+        loss_type = str(args.loss_type)
+        steps = self.accumulation_steps if self.model.training else 1
+        mask = inputs["completion_mask"]
+        fwd = self.training_logps(model, inputs)
+        logps, entropies = fwd.logps, fwd.entropies
+        weight = self.importance_weights(inputs, logps)
+        adv = inputs["advantages"]
+        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+        vespo = loss_type == "vespo"
+        if not vespo:  # vespo takes the IS weight into its gamma weights instead
+            adv = L.weighted(adv, weight)
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old
+
+        quantile = float(args.top_entropy_quantile)
+        entropy_mask = (
+            self.get_high_entropy_mask(entropies, mask, 1 - quantile)
+            if quantile < 1.0 and entropies is not None
+            else None
+        )
+        ratio = L.policy_ratio(logps, old, mask, str(args.importance_sampling_level))
+        kl = None
+        if self.beta != 0.0:
+            kl = L.k3_kl(logps, inputs["ref_per_token_logps"])
+            if args.use_bias_correction_kl:
+                kl = kl * ratio
+        phi = None
+        if loss_type in L.CLIPPED_LOSS_TYPES:
+            per_token = L.clipped_surrogate(ratio, adv, self.epsilon_low, self.epsilon_high, args.delta)
+        elif loss_type == "cispo":
+            per_token = L.cispo_surrogate(ratio, adv, logps, self.epsilon_high)
+        elif loss_type == "sapo":
+            per_token = L.sapo_surrogate(ratio, adv, args.sapo_temperature_pos, args.sapo_temperature_neg)
+        else:
+            phi = GRPOTrainer.get_gamma_weights(
+                advantages=adv,
+                log_ratio_per_token=logps - old,
+                mask=mask,
+                importance_sampling_ratio=weight,
+                k_pos=args.vespo_k_pos,
+                lambda_pos=args.vespo_lambda_pos,
+                k_neg=args.vespo_k_neg,
+                lambda_neg=args.vespo_lambda_neg,
+            )
+            per_token = L.vespo_surrogate(phi, adv, logps)
+        if args.off_policy_mask_threshold is not None:
+            per_token = per_token * GRPOTrainer.get_off_policy_mask(
+                advantages=adv,
+                per_token_logps=logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
+                mask=mask,
+                off_policy_threshold=args.off_policy_mask_threshold,
+            )
+        if entropy_mask is not None:
+            per_token = per_token * entropy_mask
+        if kl is not None:
+            per_token = per_token + self.beta * kl
+        loss = L.aggregate(
+            per_token,
+            mask,
+            loss_type,
+            accumulation_steps=steps,
+            max_completion_length=args.max_completion_length,
+            num_items=inputs.get("num_items_in_batch"),
+        )
+        record = self._record
+        if self.entropy_bonus_enabled and entropies is not None:
+            record(
+                "policy_loss",
+                float(loss.detach().item()) * (1 if loss_type in ("dapo", "cispo", "vespo") else steps),
+            )
+            loss = loss - self._entropy_bonus(
+                entropies, mask if entropy_mask is None else mask * entropy_mask, steps
+            )
+        if fwd.aux_loss is not None:
+            loss = loss + float(args.router_aux_loss_coef) * fwd.aux_loss / steps
+            record("aux_loss", float(fwd.aux_loss.detach().mean().item()))
+
+        if kl is not None:
+            record("kl", L.masked_mean(kl.detach(), mask))
+        if entropies is not None:
+            record("entropy", L.masked_mean(entropies.detach(), mask))
+        # clips are counted on the weighted advantage: a token the IS weight zeroes is never clipped
+        ratio = ratio.detach()
+        if loss_type in L.CLIPPED_LOSS_TYPES:
+            if args.delta is not None:  # TRL counts clips on the ratio after the delta cap
+                ratio = torch.clamp(ratio, max=args.delta)
+            for key, value in L.clip_fractions(ratio, adv, mask, self.epsilon_low, self.epsilon_high).items():
+                record(key, value)
+        elif loss_type == "cispo":
+            record("cispo_clip_ratio", L.masked_mean(((ratio > self.epsilon_high) & (adv > 0)).float(), mask))
+        elif phi is not None:
+            record("vespo/phi_seq_mean", L.masked_mean(phi, mask))
+        return loss
+
+    def _entropy_bonus(self, entropies: torch.Tensor, mask: torch.Tensor, steps: int) -> torch.Tensor:
+        """``coef · H`` with ``H`` the mean entropy over ``mask`` ``/ steps`` (TRL's entropy bonus, subtracted from
+        the loss); with ``use_adaptive_entropy``, the coefficient applies while the last measured entropy is at
+        most ``entropy_target`` and moves by ``entropy_coef_delta`` within ``[entropy_coef_min, entropy_coef_max]``
+        after each micro-batch (TRL's rule outside its accumulation context, where every micro-batch ends a
+        window)."""
+        args = self.args
+        mean_entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
+        adaptive = bool(args.use_adaptive_entropy)
+        coef = self.entropy_coef if not adaptive or self.last_entropy <= args.entropy_target else 0.0
+        bonus = coef * (mean_entropy / steps)
+        if adaptive and self.model.training:
+            measured = float(mean_entropy.detach().item())
+            if measured <= args.entropy_target:
+                self.entropy_coef = min(self.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max)
+            else:
+                self.entropy_coef = max(self.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
+            self.last_entropy = measured
+        self._record("entropy_coef", self.entropy_coef)
+        return bonus
+
+    def grpo_loss(self, model: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """:meth:`compute_loss` of one micro-batch of loss inputs, in the trainer's compute context (autocast)."""
         with self.compute_loss_context_manager():
-            return self.compute_loss(model, inputs)
+            loss: torch.Tensor = self.compute_loss(model, inputs)
+            return loss
 
     def set_accumulation(self, n_micro: int) -> None:
-        """Tell TRL's loss normalisers that one optimizer step accumulates ``n_micro`` micro-batches
-        (workaround 5)."""
-        self.current_gradient_accumulation_steps = n_micro
+        """One optimizer step accumulates ``n_micro`` micro-batches (:attr:`accumulation_steps`)."""
+        self.accumulation_steps = n_micro
 
     @property
     def entropy_bonus_enabled(self) -> bool:
-        """Whether TRL adds an entropy term to the loss (workaround 7)."""
-        return bool(getattr(self, "_entropy_bonus_enabled", False))
+        """Whether the loss subtracts an entropy bonus (``entropy_coef != 0`` or ``use_adaptive_entropy``)."""
+        return float(self.args.entropy_coef) != 0.0 or bool(self.args.use_adaptive_entropy)
 
-    def pop_trl_metrics(self) -> dict[str, float]:
-        """The means of TRL's per-step training metrics since the last call (NaN and ``None`` dropped), and
-        clear them (workaround 6)."""
+    def _record(self, key: str, value: float) -> None:
+        self.loss_metrics.setdefault(key, []).append(value)
+
+    def pop_loss_metrics(self) -> dict[str, float]:
+        """The means of the loss's metrics since the last call (NaN dropped), and clear them: ``entropy``,
+        ``clip_ratio/*`` (:func:`mas_train.grpo.loss.clip_fractions`), ``kl`` (``beta > 0``), ``cispo_clip_ratio``,
+        ``vespo/phi_seq_mean``, ``policy_loss`` / ``entropy_coef`` (entropy bonus), ``aux_loss`` (TRL's names)."""
         out: dict[str, float] = {}
-        for key, vals in self._metrics["train"].items():
-            vals = [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
-            if vals:
-                out[key] = float(np.mean(vals))
-        self._metrics["train"].clear()
+        for key, vals in self.loss_metrics.items():
+            kept = [v for v in vals if not math.isnan(v)]
+            if kept:
+                out[key] = float(np.mean(kept))
+        self.loss_metrics = {}
         return out

@@ -4,18 +4,18 @@ TRL's ``GRPOTrainer`` computes rewards and advantages inside one long method wit
 ``view(-1, num_generations)`` layout that a multi-agent system breaks (each agent acts a variable number of
 times per trajectory). So rollouts and advantages are built outside (``mas_train.rollout``,
 ``mas_train.advantages``), and each model group's trainer only receives ready samples:
-:meth:`GroupGRPOTrainer.update` pads them, calls TRL's own ``compute_loss`` (every ``loss_type``, clipping, KL
-when ``beta > 0``), and steps TRL's optimizer and scheduler.
+:meth:`GroupGRPOTrainer.update` pads them, calls the adapter's ``compute_loss`` (our loss,
+:mod:`mas_train.grpo.loss`: every ``loss_type``, clipping, KL when ``beta > 0``), and steps TRL's optimizer and
+scheduler.
 
 What TRL would do and we do ourselves:
 
 * **Importance-sampling correction** against the backend's sampling logprobs (TRL only applies it with vLLM).
   With ``w = exp(logp_old - logp_sampling)`` (token- or sequence-level, truncated or masked with TRL's
-  ``vllm_importance_sampling_*`` settings), the per-token advantages become ``A · w``. Since ``w ≥ 0``,
-  ``-min(r·A·w, clip(r)·A·w) = w · -min(r·A, clip(r)·A)``, identical to TRL's post-hoc multiplication for the
-  ``grpo/bnpo/dr_grpo/dapo/luspo/cispo/sapo`` losses; ``vespo`` gets the ratio through its own
-  ``importance_sampling_ratio`` input instead. With ``num_iterations == 1`` the old policy *is* the current
-  one, so ``w`` is computed from the training forward itself (no extra forward pass). Applied only where the
+  ``vllm_importance_sampling_*`` settings), the loss weights each token's surrogate by ``w``
+  (:func:`mas_train.grpo.loss.weighted`, as TRL does for vLLM); ``vespo`` takes ``w`` into its gamma weights
+  instead. With ``num_iterations == 1`` the old policy *is* the current one, so ``w`` is computed from the
+  training forward itself (:meth:`GroupGRPOTrainer.importance_weights`, no extra forward pass). Applied only where the
   sampler and the trainer differ (:func:`mas_train.precision.tis_rule`, via ``vllm_importance_sampling_correction``);
   the per-agent mismatch is measured either way (:class:`~mas_train.grpo.importance.SamplerCheck`).
 * **mask_truncated_completions**: a completion the backend cut at ``max_new_tokens`` (``finish_reason ==
@@ -37,20 +37,25 @@ ranks); no shared prefixes or per-agent norms there (their extra forwards would 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from trl import GRPOConfig
 
 from mas_train.grpo.importance import SamplerCheck
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
-from mas_train.grpo.trl_adapter import TRLGRPO, grpo_args
+from mas_train.grpo.trl_adapter import TRLGRPO, TokenLogps, grpo_args
 from mas_train.precision import resolve_precision, tis_rule
-from mas_train.rollout import Sample
+from mas_train.samples import Sample
 
-__all__ = ["GroupGRPOTrainer", "ShardPlan", "build_group_trainer", "grpo_args"]
+__all__ = ["GroupGRPOTrainer", "MicroBatch", "ShardPlan", "build_group_trainer", "grpo_args"]
+
+#: one micro-batch of an update: its agent (``None`` when micro-batches are not split by agent) and the indices of
+#: its samples
+MicroBatch = tuple[str | None, list[int]]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ class ShardPlan:
     plan and their loss weights (:func:`~mas_train.hosting.sharded_rank.rank_share`)."""
 
     world: int
-    share: Callable[[list], tuple[list, list[float]]]
+    share: Callable[[list[MicroBatch]], tuple[list[MicroBatch], list[float]]]
 
 
 class GroupGRPOTrainer(TRLGRPO):
@@ -84,31 +89,28 @@ class GroupGRPOTrainer(TRLGRPO):
 
     def __init__(
         self,
-        model,
-        tokenizer,
-        args,
+        model: Any,
+        tokenizer: Any,
+        args: GRPOConfig,
         *,
         micro_batch_size: int,
-        ref_model=None,
+        ref_model: Any = None,
         share_prefix: bool = True,
         shard: ShardPlan | None = None,
-    ):
+    ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         super().__init__(model, tokenizer, args, ref_model=ref_model)
         self.micro_batch_size = micro_batch_size
         self.pad_token_id = tokenizer.pad_token_id
-        self._is_ctx: tuple[dict, list[str]] | None = None  # (inputs, row agents) awaiting the training logps
-        self.share_prefix = share_prefix
-        self._prefix: SharedPrefix | None = (
-            None  # the shared prefix the current micro-batch's rows start with
-        )
+        # an MoE router loss needs the plain forward (the shared-prefix forward does not return it)
+        self.share_prefix = share_prefix and not self.aux_loss_enabled
+        self._prefix: SharedPrefix | None = None  # the shared prefix of the current micro-batch's rows
         self.sampler_check = SamplerCheck(
             bool(args.vllm_importance_sampling_correction),
             args.vllm_importance_sampling_mode,
             args.vllm_importance_sampling_clip_min,
             args.vllm_importance_sampling_clip_max,
-            vespo=args.loss_type == "vespo",
         )
         self.shard = shard
 
@@ -175,29 +177,35 @@ class GroupGRPOTrainer(TRLGRPO):
         """Whether ``s`` is left out of the loss (``mask_truncated_completions`` and it was cut at the cap)."""
         return bool(self.args.mask_truncated_completions) and s.finish_reason == "length"
 
-    def training_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, trl_forward):
+    def training_logps(self, model: Any, inputs: Mapping[str, Any]) -> TokenLogps:
+        """The loss's forward: through the shared prefix of the current micro-batch when there is one
+        (:func:`mas_train.grpo.prefix.prefix_logps`), else the adapter's."""
         if self._prefix is not None and model is self.model:
+            input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
             logps, ent = prefix_logps(
-                model, self._prefix, input_ids, attention_mask, logits_to_keep, compute_entropy
+                model, self._prefix, input_ids, attn, inputs["completion_ids"].size(1), compute_entropy=True
             )
-        else:
-            logps, ent = trl_forward(
-                model, input_ids, attention_mask, logits_to_keep, compute_entropy=compute_entropy
-            )
-        # With num_iterations == 1 the old policy equals the current weights, so the IS ratio comes from this
-        # very forward (detached) and is folded into the advantages before TRL's loss reads them.
-        ctx = self._is_ctx
-        if ctx is not None and model is self.model:
-            self._is_ctx = None
-            self.sampler_check(ctx[0], logps, ctx[1])
-        return logps, ent
+            return TokenLogps(logps, ent)
+        return super().training_logps(model, inputs)
+
+    def importance_weights(self, inputs: Mapping[str, Any], logps: torch.Tensor) -> torch.Tensor | None:
+        """The importance-sampling weight of a micro-batch: the one computed before the update
+        (``num_iterations > 1``), else, for the rows' agents in ``inputs["row_agents"]``, from this very forward
+        (detached; with ``num_iterations == 1`` the old policy is the current weights), measured per agent
+        (:class:`~mas_train.grpo.importance.SamplerCheck`)."""
+        if "importance_sampling_ratio" in inputs or "row_agents" not in inputs:
+            return super().importance_weights(inputs, logps)
+        return self.sampler_check(inputs, logps.detach(), inputs["row_agents"])
 
     # -- update ---------------------------------------------------------------------------------------
-    def _micro_batches(self, samples, advantages, by_agent: bool) -> list[tuple[str | None, list[int]]]:
+    def _micro_batches(
+        self, samples: Sequence[Sample], advantages: Sequence[float], by_agent: bool
+    ) -> list[MicroBatch]:
         """``(agent, indices)`` of each micro-batch: grouped by agent when ``by_agent`` (for per-agent grad
         norms; else the agent is ``None``, which no agent name can equal) and length-sorted (less padding)."""
-        keys: list[str | None] = sorted({s.agent for s in samples}) if by_agent else [None]
-        out = []
+        keys: list[str | None] = [a for a in sorted({s.agent for s in samples})] if by_agent else [None]
+        out: list[MicroBatch] = []
         for k in keys:
             idx = [i for i, s in enumerate(samples) if k is None or s.agent == k]
             idx.sort(key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
@@ -264,19 +272,20 @@ class GroupGRPOTrainer(TRLGRPO):
         for agent, idx in mbs:
             lead = prefixes[agent].length if agent in prefixes else 0
             inp = self.build_inputs([samples[i] for i in idx], [advantages[i] for i in idx], prefix_len=lead)
-            # DAPO-style losses divide by num_items_in_batch * GA / steps_per_generation (TRL adapter, 5); make
-            # that the step's total completion tokens whatever the micro-batching.
-            inp["num_items_in_batch"] = torch.tensor(
-                total_tokens * self.args.steps_per_generation / n_micro, dtype=torch.float32
-            )
+            # the token-normalised losses (dapo, cispo, vespo) divide by the step's completion tokens, whatever
+            # the micro-batching
+            inp["num_items_in_batch"] = torch.tensor(float(total_tokens), dtype=torch.float32)
+            rows = [samples[i].agent for i in idx]
             if need_old:
-                inp["old_per_token_logps"] = self.trl_logps(self.model, inp)
+                inp["old_per_token_logps"] = self.completion_logps(self.model, inp)
+            else:  # the IS weight comes from the training forward itself (importance_weights)
+                inp["row_agents"] = rows
             if self.beta != 0.0 and self.ref_is_base:
                 with self.accelerator.unwrap_model(self.model).disable_adapter():
-                    inp["ref_per_token_logps"] = self.trl_logps(self.model, inp)
+                    inp["ref_per_token_logps"] = self.completion_logps(self.model, inp)
             elif self.beta != 0.0:
-                inp["ref_per_token_logps"] = self.trl_logps(self.ref_model, inp)
-            prepared.append((agent, inp, [samples[i].agent for i in idx]))
+                inp["ref_per_token_logps"] = self.completion_logps(self.ref_model, inp)
+            prepared.append((agent, inp, rows))
         # token positions each optimizer step runs through the model (padding included, a shared prefix once):
         # the work done, which the left-out zero-advantage samples and the shared prefix make less than the batch
         forward_tokens = sum(p.length for p in prefixes.values()) + sum(
@@ -287,7 +296,9 @@ class GroupGRPOTrainer(TRLGRPO):
         )
         if need_old:  # the mismatch (and the correction) against the policy before the update
             for _, inp, rows in prepared:
-                self.sampler_check(inp, inp["old_per_token_logps"], rows)
+                w = self.sampler_check(inp, inp["old_per_token_logps"], rows)
+                if w is not None:
+                    inp["importance_sampling_ratio"] = w
 
         self.set_accumulation(n_micro)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -298,7 +309,7 @@ class GroupGRPOTrainer(TRLGRPO):
         for _ in range(num_iterations):
             acc: list[torch.Tensor | None] | None = None
             current = None
-            for (agent, inp0, rows), weight in zip(prepared, weights, strict=True):
+            for (agent, inp0, _), weight in zip(prepared, weights, strict=True):
                 inp = dict(inp0)
                 if agent != current:
                     if current is not None and current in prefixes:  # the last agent's prefix: its gradient
@@ -307,12 +318,7 @@ class GroupGRPOTrainer(TRLGRPO):
                         acc = self._fold_agent_grad(params, acc, current, agent_norms)
                     current = agent
                     self._prefix = prefixes.get(agent) if agent is not None else None
-                if not need_old:
-                    self._is_ctx = (inp, rows)
-                try:
-                    loss = self.grpo_loss(model, inp)
-                finally:
-                    self._is_ctx = None
+                loss = self.grpo_loss(model, inp)
                 if world > 1:  # FSDP averages the ranks' gradients; one rank sums micro-batches
                     loss = loss * (world * weight)
                 losses.append(loss.detach().item() / world)
@@ -322,6 +328,7 @@ class GroupGRPOTrainer(TRLGRPO):
                 prefixes[current].backward()
             if agent_grad_norms:
                 acc = self._fold_agent_grad(params, acc, current, agent_norms)
+                assert acc is not None  # the last agent was folded
                 for p, a in zip(params, acc, strict=True):
                     p.grad = a
             max_norm = self.args.max_grad_norm
@@ -350,7 +357,7 @@ class GroupGRPOTrainer(TRLGRPO):
         }
         for a, v in agent_norms.items():
             out[f"grad_norm/{a}"] = v
-        out.update(self.pop_trl_metrics())
+        out.update(self.pop_loss_metrics())
         out.update(self.sampler_check.pop())
         return out
 
@@ -374,7 +381,12 @@ class GroupGRPOTrainer(TRLGRPO):
         )
 
     @staticmethod
-    def _fold_agent_grad(params, acc, agent, norms):
+    def _fold_agent_grad(
+        params: Sequence[torch.Tensor],
+        acc: list[torch.Tensor | None] | None,
+        agent: str | None,
+        norms: dict[str, float],
+    ) -> list[torch.Tensor | None] | None:
         """Read the gradient accumulated since the last fold (one agent's samples alone), add it to ``acc``
         and clear ``.grad`` for the next agent."""
         if agent is None:
@@ -390,17 +402,18 @@ class GroupGRPOTrainer(TRLGRPO):
             for i, p in enumerate(params):
                 if p.grad is None:
                     continue
-                if acc[i] is None:
+                held = acc[i]
+                if held is None:
                     acc[i] = p.grad
                 else:
-                    acc[i].add_(p.grad)
+                    held.add_(p.grad)
         for p in params:
             p.grad = None
         return acc
 
 
 def build_group_trainer(
-    resolved, group: str, model, tok, device: str, *, shard: ShardPlan | None = None
+    resolved: Any, group: str, model: Any, tok: Any, device: str, *, shard: ShardPlan | None = None
 ) -> GroupGRPOTrainer:
     """The :class:`~mas_train.grpo.update.GroupGRPOTrainer` of model group ``group`` on ``model`` (trained in place):
     the group's GRPO settings, the sampling temperature of its agents, ``max_completion_length`` from their

@@ -94,7 +94,7 @@ def test_bf16_update_matches_the_fp32_update(tiny_model_and_tokenizer, tmp_path,
     samples = _samples()
     ref = _build(model, tok, tmp_path, ref_mode)
     inputs = ref.build_inputs(samples, ADV)
-    true = ref.trl_logps(ref.model, inputs)  # on-policy (fp32) sampling logprobs
+    true = ref.completion_logps(ref.model, inputs)  # on-policy (fp32) sampling logprobs
     samples = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)

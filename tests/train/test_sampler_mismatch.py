@@ -48,9 +48,9 @@ def test_sampler_check_reports_per_agent_and_corrects_only_when_told():
     samp = [[-1.2, -1.0], [-2.0, -2.5], [-1.0, -3.05]]  # Δ: (0.2, 0), (0, 0.5), (0, 0.05)
     mask = [[1, 1], [1, 1], [1, 0]]
     for correct in (False, True):
-        check = SamplerCheck(correct, "token_truncate", 0.5, 1.5, vespo=False)
+        check = SamplerCheck(correct, "token_truncate", 0.5, 1.5)
         inp, old = _inputs(train, samp, mask, [1.0, -1.0, 2.0])
-        check(inp, old, rows)
+        weight = check(inp, old, rows)
         # a second micro-batch of the solver: one token, Δ = -0.1
         inp2, old2 = _inputs([[-1.0]], [[-0.9]], [[1]], [0.5])
         check(inp2, old2, ["solver"])
@@ -61,14 +61,15 @@ def test_sampler_check_reports_per_agent_and_corrects_only_when_told():
         assert out["mismatch/mean_abs_logp_diff/verifier"] == pytest.approx(0.25, abs=1e-6)
         assert out["mismatch/ratio_outside_10pct/verifier"] == pytest.approx(1 / 2)
         assert out["mismatch/max_abs_logp_diff/verifier"] == pytest.approx(0.5, abs=1e-6)
-        if correct:  # token_truncate: w = clamp(exp(Δ), 0.5, 1.5) per token, A·w
+        assert torch.equal(inp["advantages"], torch.tensor([1.0, -1.0, 2.0]))  # never written into
+        if correct:  # token_truncate: w = clamp(exp(Δ), 0.5, 1.5) per token, the loss's per-token weight
             w = torch.tensor(
                 [[math.exp(0.2), 1.0], [1.0, 1.5], [1.0, 1.0]]
             )  # exp(0.5)=1.65 capped; masked Δ=0
-            torch.testing.assert_close(inp["advantages"], torch.tensor([[1.0], [-1.0], [2.0]]) * w)
+            torch.testing.assert_close(weight, w)
             assert "sampling/importance_sampling_ratio/mean" in out
         else:
-            assert torch.equal(inp["advantages"], torch.tensor([1.0, -1.0, 2.0]))  # untouched
+            assert weight is None
             assert not any(k.startswith("sampling/") for k in out)
         assert check.pop() == {}  # cleared
     named = update_metrics("g", {"mismatch/max_abs_logp_diff/solver": 0.2})
@@ -145,12 +146,16 @@ def test_the_update_corrects_exactly_where_the_rule_says(
 
     def spy(inputs, old, rows):
         before = inputs["advantages"].clone()
-        real(inputs, old, rows)
-        seen.append(not torch.equal(inputs["advantages"], before))
+        weight = real(inputs, old, rows)
+        assert torch.equal(
+            inputs["advantages"], before
+        )  # the weight goes to the loss, not into the advantages
+        seen.append(weight is not None)
+        return weight
 
     tr.sampler_check = _Callable(spy, tr.sampler_check.pop)
     m = tr.update(samples, [1.0, -1.0, 0.5, -0.5])
-    assert seen and all(s is applied for s in seen)  # the advantages were reweighted exactly when applied
+    assert seen and all(s is applied for s in seen)  # a weight exactly when applied
     assert ("sampling/importance_sampling_ratio/mean" in m) is applied
     # sampling logprobs of -9 against the trainer's ~-12 (log 1/151k: random init): every token is off by > 0.1
     for agent in ("solver", "verifier"):

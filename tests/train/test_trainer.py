@@ -198,7 +198,7 @@ def test_shared_prefix_update_has_the_plain_gradient(tiny_model_and_tokenizer, t
     shared, plain = build(True), build(False)
     inputs = plain.build_inputs(samples, ADV)
     # on-policy sampling logprobs (the IS ratio is 1 but its path runs)
-    true = plain.trl_logps(plain.model, inputs)
+    true = plain.completion_logps(plain.model, inputs)
     samples = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)
@@ -224,7 +224,7 @@ def test_importance_sampling_ratio_from_sampling_logprobs(tiny_model_and_tokeniz
     tr = _trainer(tiny_model_and_tokenizer, tmp_path)  # TRL default: sequence_mask, clip max 3
     samples = _samples(2, 0)
     inputs = tr.build_inputs(samples, [1.0, -1.0])
-    true = tr.trl_logps(tr.model, inputs)
+    true = tr.completion_logps(tr.model, inputs)
     on_policy = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)

@@ -16,6 +16,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from mas_train.grpo.trl_adapter import (  # noqa: E402
     TRLGRPO,
     fused_forward,
+    fused_logps,
     grpo_args,
     no_reward,
     restore_fused_forward,
@@ -70,50 +71,7 @@ def test_3_grpo_config_still_validates_batch_shapes(tmp_path):
     )
 
 
-def test_4_trl_loss_reads_logprobs_through_the_overridden_private_forward(tiny_model_and_tokenizer, tmp_path):
-    tr = _adapter(tiny_model_and_tokenizer, tmp_path)
-    assert "self._get_per_token_logps_and_entropies(" in inspect.getsource(GRPOTrainer._compute_loss)
-    calls = []
-    base = TRLGRPO.training_logps
-
-    def spy(self, model, *a, **k):
-        calls.append(model is self.model)
-        return base(self, model, *a, **k)
-
-    tr.training_logps = spy.__get__(tr)
-    loss = tr.grpo_loss(tr.model, _inputs(tr.processing_class))
-    assert torch.isfinite(loss) and calls == [True]
-    lp = tr.trl_logps(tr.model, _inputs(tr.processing_class))
-    assert lp.shape == (2, 3) and (lp <= 0).all()
-
-
-def test_5_trl_divides_the_loss_by_the_accumulation_steps_we_set(tiny_model_and_tokenizer, tmp_path):
-    tr = _adapter(tiny_model_and_tokenizer, tmp_path, loss_type="grpo")
-    tr.model.train()  # TRL normalises by the accumulation steps in training mode (the update's mode)
-    inp = _inputs(tr.processing_class, adv=(1.0, 0.5))
-    tr.set_accumulation(1)
-    one = tr.grpo_loss(tr.model, dict(inp)).item()
-    tr.set_accumulation(4)
-    four = tr.grpo_loss(tr.model, dict(inp)).item()
-    assert one != 0.0 and four == pytest.approx(one / 4, rel=1e-5)
-
-
-def test_6_trl_metrics_are_collected_and_cleared(tiny_model_and_tokenizer, tmp_path):
-    tr = _adapter(tiny_model_and_tokenizer, tmp_path)
-    tr.model.train()  # TRL files a training forward's metrics under "train" (the update trains the model)
-    tr.set_accumulation(1)
-    tr.grpo_loss(tr.model, _inputs(tr.processing_class))
-    got = tr.pop_trl_metrics()
-    assert any(k.startswith("clip_ratio") for k in got) and all(isinstance(v, float) for v in got.values())
-    assert tr.pop_trl_metrics() == {}
-
-
-def test_7_the_entropy_bonus_flag_still_exists(tiny_model_and_tokenizer, tmp_path):
-    tr = _adapter(tiny_model_and_tokenizer, tmp_path)
-    assert hasattr(tr, "_entropy_bonus_enabled") and tr.entropy_bonus_enabled is False
-
-
-def test_8_trl_patches_the_policy_forward_and_we_can_put_a_group_s_patch_back(tmp_path, tiny_qwen3_path):
+def test_4_trl_patches_the_policy_forward_and_we_can_put_a_group_s_patch_back(tmp_path, tiny_qwen3_path):
     peft = pytest.importorskip("peft")
     from mas_train.models import load_model_and_tokenizer
 
@@ -125,3 +83,18 @@ def test_8_trl_patches_the_policy_forward_and_we_can_put_a_group_s_patch_back(tm
     pm.get_base_model().forward = lambda *a, **k: None  # another group's trainer patched it since
     restore_fused_forward(pm, mine)
     assert fused_forward(pm) is mine
+
+
+def test_4_our_forward_reads_trl_s_fused_lm_head(tiny_model_and_tokenizer, tmp_path):
+    # fused_logps calls the patched forward with fused_lm_head=True and reads log_probs / entropy from it
+    tr = _adapter(tiny_model_and_tokenizer, tmp_path)
+    inp = _inputs(tr.processing_class)
+    out = fused_logps(tr.model, inp, compute_entropy=True, autocast=tr.accelerator.autocast)
+    assert out.logps.shape == out.entropies.shape == (2, 3) and (out.logps <= 0).all()
+    # the same numbers as a plain forward's log-softmax at the trainer's temperature (1.0 here)
+    ids = torch.cat([inp["prompt_ids"], inp["completion_ids"]], 1)
+    with torch.no_grad():
+        logits = tiny_model_and_tokenizer[0](input_ids=ids).logits[:, -4:-1]
+    want = torch.log_softmax(logits.float(), -1).gather(-1, inp["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(out.logps.detach(), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tr.completion_logps(tr.model, inp), out.logps.detach())
