@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from mas_envs.games.base import TextGameEnv
 
@@ -53,10 +54,15 @@ class PettingZooGameEnv(TextGameEnv):
                 f"{type(self).__name__}: the inner game's agents {self.game.possible_agents} differ from "
                 f"possible_agents {list(self.possible_agents)}"
             )
+        space = self.game.action_space(self.possible_agents[0])
+        obs = self.game.observe(self.game.agent_selection)
+        if not isinstance(space, spaces.Discrete) or not isinstance(obs, dict) or "action_mask" not in obs:
+            raise TypeError(
+                f"{type(self).__name__}: the bridge needs a game with Discrete actions and dict observations "
+                f"holding an 'action_mask'; got {space} and {type(obs).__name__}"
+            )
         self.history: list[int] = []  # inner actions played, for pickling
-        self._label_to_action = {
-            self.action_label(i): i for i in range(self.game.action_space(self.possible_agents[0]).n)
-        }
+        self._label_to_action = {self.action_label(i): i for i in range(int(space.n))}
         self._returns = dict.fromkeys(self.possible_agents, 0.0)
         return str(self.game.agent_selection)
 

@@ -62,6 +62,7 @@ __all__ = [
     "KuhnPokerEnv",
     "action_texts",
     "best_response_values",
+    "check_policy",
     "env",
     "equilibrium_policy",
     "exploitability",
@@ -256,7 +257,12 @@ def action_texts(key: str) -> dict[str, str]:
 
 
 # --- policy tables -----------------------------------------------------------------------------------------
-def _check_policy(policy: Mapping[str, float]) -> dict[str, float]:
+def check_policy(policy: Mapping[str, float]) -> dict[str, float]:
+    """`policy` as a plain dict of floats, checked: exactly the 12 keys of `INFO_SETS`, each a probability.
+
+    Raises:
+        ValueError: a key missing or unknown, or a value that is not a number in [0, 1].
+    """
     missing = [k for k in INFO_SETS if k not in policy]
     extra = [k for k in policy if k not in INFO_SETS]
     if missing or extra:
@@ -306,7 +312,7 @@ _DEALS = tuple(itertools.permutations(CARDS, 2))
 
 def game_value(policy: Mapping[str, float]) -> float:
     """player_0's expected chips per hand when both seats play `policy` (-1/18 at an equilibrium)."""
-    p = _check_policy(policy)
+    p = check_policy(policy)
     return sum(_value0(p, p, c0, c1) for c0, c1 in _DEALS) / len(_DEALS)
 
 
@@ -316,7 +322,7 @@ def best_response_values(policy: Mapping[str, float]) -> tuple[float, float]:
     A seat's best response is chosen per card among its 4 pure strategies (one action at each of its two
     information sets for that card), which is exact: the information sets of different cards are disjoint.
     """
-    p = _check_policy(policy)
+    p = check_policy(policy)
     pure = list(itertools.product((0.0, 1.0), repeat=2))
     br0 = br1 = 0.0
     for card in CARDS:

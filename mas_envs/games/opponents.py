@@ -28,7 +28,7 @@ from functools import cache
 
 import numpy as np
 
-from mas_envs.games.kuhn import equilibrium_policy, info_set_of, legal_actions
+from mas_envs.games.kuhn import check_policy, equilibrium_policy, info_set_of, legal_actions
 from mas_envs.games.tictactoe import board_from_text
 
 __all__ = ["KuhnTablePolicy", "MinimaxTicTacToe", "RandomPolicy", "kuhn_equilibrium", "minimax_value"]
@@ -122,9 +122,7 @@ class KuhnTablePolicy:
     """
 
     def __init__(self, table: Mapping[str, float], seed: int | None = None) -> None:
-        from mas_envs.games.kuhn import _check_policy
-
-        self.table = _check_policy(table)
+        self.table = check_policy(table)
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, observation: str, legal_moves: Sequence[str]) -> str:

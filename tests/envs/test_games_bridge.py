@@ -216,3 +216,22 @@ def test_import_mas_envs_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_bridge_refuses_a_game_without_an_action_mask():
+    from mas_envs.games.bridge import PettingZooGameEnv
+
+    class RockPaperScissors(PettingZooGameEnv):  # PettingZoo's rps observes a bare int, no action_mask
+        metadata = {"name": "rps-v0", "render_modes": ["ansi"], "is_parallelizable": False}
+        possible_agents = ("player_0", "player_1")
+        move_labels = ("rock", "paper", "scissors")
+
+        def make_game(self):
+            from pettingzoo.classic.rps.rps import raw_env
+
+            return raw_env()
+
+    with pytest.raises(
+        TypeError, match="needs a game with Discrete actions and dict observations holding an"
+    ):
+        RockPaperScissors().reset(seed=0)
