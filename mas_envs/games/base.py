@@ -12,8 +12,8 @@ Turn, move and reward rules
 
   - ``"terminate"`` (default, PettingZoo's ``TerminateIllegalWrapper``): the game ends at once; the offender
     gets ``illegal_rewards[0]`` and every other seat ``illegal_rewards[1]``. Default ``(-1.0, 0.0)``, as
-    PettingZoo's classic games (``illegal_reward=-1``); SPIRAL (Liu et al. 2025, arXiv 2506.24119, §3) uses
-    ``(-1.5, 0.5)``.
+    PettingZoo's classic games (``illegal_reward=-1``); SPIRAL (Liu et al. 2025, "SPIRAL: Self-Play on Zero-Sum
+    Games Incentivizes Reasoning", its ``train_spiral.py``) uses ``(-1.5, 0.5)``.
   - ``"retry"`` (TextArena's error allowance): the same seat moves again, and its prompt now starts with what
     was wrong (``Your last reply was not a legal move: ...``); a seat's ``max_retries``-th + 1 illegal move in
     a game ends it as under ``"terminate"``.

@@ -15,8 +15,8 @@ seeded ``numpy.random.Generator``, so a seeded opponent plays the same games aga
 
 * `RandomPolicy`: a uniformly random legal move (any game).
 * `MinimaxTicTacToe`: exact minimax (the whole game tree is 5478 positions, memoised), with probability
-  ``epsilon`` a random legal move instead (the ε-random minimax opponent schedule of tinker-cookbook's
-  tic-tac-toe recipe); ties among equally good moves are broken at random.
+  ``epsilon`` a random legal move instead (the "20–70 % random minimax" opponents of anakin87's "LLM RL
+  Environments Lil Course", lowered as training goes on); ties among equally good moves are broken at random.
 * `KuhnTablePolicy` / `kuhn_equilibrium`: a Kuhn poker policy table (`mas_envs.games.kuhn`), e.g. Kuhn's
   equilibrium.
 """
