@@ -47,11 +47,12 @@ order) and implement:
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from mas_envs.core import Outcome, TextAECEnv, Transition
+from mas_envs.core import Outcome, TextAECEnv, TranscriptEntry, Transition
 from mas_envs.games.moves import MOVE_FUZZ, format_move, parse_move
 
 __all__ = ["ILLEGAL_MOVE_RULES", "TextGameEnv"]
@@ -93,11 +94,7 @@ class TextGameEnv(TextAECEnv):
             raise ValueError(f"illegal_move must be one of {ILLEGAL_MOVE_RULES}, got {illegal_move!r}")
         pair = tuple(illegal_rewards)
         if len(pair) != 2 or not all(
-            isinstance(v, numbers.Real)
-            and not isinstance(v, bool)
-            and float(v) == float(v)
-            and abs(v) < 1e300
-            for v in pair
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in pair
         ):
             raise ValueError(
                 f"illegal_rewards must be two finite numbers (offender, others), e.g. (-1.0, 0.0); got {illegal_rewards!r}"
@@ -186,10 +183,10 @@ class TextGameEnv(TextAECEnv):
         )
         if self.illegal_move == "retry" and self.illegal_count[agent] <= self.max_retries:
             self.errors[agent] = why
-            self.add_note(f"illegal move by {agent}: {why}; it moves again")
+            self._notes.append(f"illegal move by {agent}: {why}; it moves again")
             return Transition(invalid=True, next_agent=agent)
         self.forfeit_by = agent
-        self.add_note(f"illegal move by {agent}: {why}; {agent} loses the game")
+        self._notes.append(f"illegal move by {agent}: {why}; {agent} loses the game")
         return Transition(invalid=True, next_agent=None)
 
     def episode_outcome(self) -> Outcome:
@@ -218,6 +215,15 @@ class TextGameEnv(TextAECEnv):
             metrics=metrics,
             agent_rewards=rewards,
         )
+
+    def step(self, action: str | None) -> None:
+        """`TextAECEnv.step`, then the env's notes on an illegal move, so the transcript lists them after the
+        move they are about (the base class records an action only after `apply_action` returns)."""
+        self._notes: list[str] = []
+        super().step(action)
+        for text in self._notes:  # an env note shares the turn of the action it follows
+            self.transcript.append(TranscriptEntry(self.turn - 1, "env", text))
+        self._notes = []
 
     def _refresh_infos(self) -> None:
         super()._refresh_infos()

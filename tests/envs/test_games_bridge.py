@@ -235,3 +235,23 @@ def test_bridge_refuses_a_game_without_an_action_mask():
         TypeError, match="needs a game with Discrete actions and dict observations holding an"
     ):
         RockPaperScissors().reset(seed=0)
+
+
+def test_transcript_notes_follow_the_illegal_move_they_explain():
+    env = mas_envs.make("tictactoe", illegal_move="retry", max_retries=1, render_mode="ansi")
+    env.reset(seed=0)
+    _play(env, ["5", "<move>5</move>", "x"])
+    rows = [(e.turn, e.speaker, e.text, e.invalid) for e in env.unwrapped.transcript]
+    assert rows == [
+        (0, "player_1", "5", False),
+        (1, "player_2", "<move>5</move>", True),
+        (1, "env", "illegal move by player_2: cell 5 is already taken; it moves again", False),
+        (2, "player_2", "x", True),
+        (
+            2,
+            "env",
+            "illegal move by player_2: no move found (write it as <move>1</move>); player_2 loses the game",
+            False,
+        ),
+    ]
+    assert env.render().endswith("=== terminated: team reward -0.5, success False ===")
