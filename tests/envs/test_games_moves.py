@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mas_envs.games.moves import parse_move, resolve_label
 
@@ -85,3 +87,11 @@ def test_resolve_label_and_bad_input():
     assert resolve_label("nothing", CELLS) is None
     assert parse_move(None, CELLS) is None  # type: ignore[arg-type]
     assert parse_move("4", ()) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_parse_move_never_raises_and_returns_a_label_or_none(text):
+    for labels in (CELLS, KUHN):
+        got = parse_move(text, labels)
+        assert got is None or got in labels
