@@ -16,8 +16,10 @@ What the base class does
 * `infos[agent]` always holds `messages` (that agent's prompt as chat messages), `turn` (0-based index of the
   next turn, global across agents), `task_id` and `invalid_action` (whether the agent's last action was
   malformed). When the episode ends every agent also gets `team_reward` (R, no penalties), `success` and
-  `episode_metrics` (the env's per-episode metrics from `Outcome.metrics`, name -> float) and `role_rewards`
-  (the env's per-turn role scores from `Outcome.role_rewards`, turn -> float; empty for an env that gives none).
+  `episode_metrics` (the env's per-episode metrics from `Outcome.metrics`, name -> float), `role_rewards`
+  (the env's per-turn role scores from `Outcome.role_rewards`, turn -> float; empty for an env that gives none)
+  and `agent_rewards` (each agent's outcome reward, agent -> float: R for every agent in a team env, the env's
+  `Outcome.agent_rewards` in an env with `per_agent_rewards = True`, such as a zero-sum game).
 * One cached `UnicodeText` space per agent for observations and actions: any Unicode string, empty allowed.
 * `render()` with `render_mode="ansi"` returns the transcript; `state()` returns it too.
 * Pickling: envs hold only plain data, so `pickle.dumps(env)` works at any point (tested after reset).
@@ -35,6 +37,8 @@ A subclass sets these class attributes (the typed block, as in PettingZoo's ``ut
     default_eval_tasks: str | None                 # task spec of its held-out evaluation set
     role_reward_agents: tuple[str, ...]            # optional: agents whose turns get a role score (default none)
     fuzz_fragments: dict[str, tuple[str, ...]]     # optional: tags UnicodeText.sample() mixes into random text
+    per_agent_rewards: bool                        # optional: True when each agent gets its own outcome reward
+                                                   #  (Outcome.agent_rewards, e.g. a zero-sum game), not R
 
 A task spec is anything `mas_envs.data.load_tasks` accepts: a bundled set name, a path, a hub id or a
 reasoning-gym spec (``rg:basic_arithmetic?seed=1``). `default_tasks` is loaded lazily on the first reset that
@@ -203,12 +207,20 @@ class Outcome:
             enter ``rewards`` (the PettingZoo returns stay ``R - c * invalid``): they reach every agent's
             ``infos[agent]["role_rewards"]`` and the transcript at the end, and a trainer weighs them in per
             agent (``agents.<agent>.reward_weights`` in mas-train, docs/envs.md "Role rewards").
+        agent_rewards: each agent's own outcome reward, agent -> finite float, for an env whose agents do not
+            share one reward (a competitive game: the env sets ``per_agent_rewards = True`` and must then give
+            one for every possible agent; a team env must leave it empty). When given, agent ``a`` receives
+            ``agent_rewards[a]`` at the end instead of ``team_reward`` (penalties ``-c`` still apply), and
+            ``team_reward`` is only the env's summary number (the games report the mean over seats). Every
+            agent's ``infos[agent]["agent_rewards"]`` holds the dict at the end (in a team env: R for every
+            agent).
     """
 
     team_reward: float
     success: bool
     metrics: Mapping[str, float] = field(default_factory=dict)
     role_rewards: Mapping[int, float] = field(default_factory=dict)
+    agent_rewards: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +323,9 @@ class TextAECEnv(AECEnv[str, str, str]):
     default_eval_tasks: ClassVar[str | None] = None
     # agents whose turns the env scores by role (Outcome.role_rewards); a trainer refuses a role weight for others
     role_reward_agents: ClassVar[tuple[str, ...]] = ()
+    # True: each agent gets its own outcome reward (Outcome.agent_rewards; a zero-sum game), not the team reward R.
+    # A trainer that scores every turn with R must refuse such an env or read infos[agent]["agent_rewards"].
+    per_agent_rewards: ClassVar[bool] = False
 
     # --- hooks a subclass implements -------------------------------------------------------------------
     def start_episode(self, task: dict[str, Any]) -> str:
@@ -548,13 +563,15 @@ class TextAECEnv(AECEnv[str, str, str]):
             done = self.truncations if self.truncated else self.terminations
             outcome = self.outcome = self.episode_outcome()
             role = self._apply_role_rewards(outcome.role_rewards)
+            own = self._check_agent_rewards(outcome)
             for a in self.agents:
                 done[a] = True
-                self.rewards[a] += float(outcome.team_reward)
+                self.rewards[a] += own[a]
                 self.infos[a]["team_reward"] = float(outcome.team_reward)
                 self.infos[a]["success"] = bool(outcome.success)
                 self.infos[a]["episode_metrics"] = {str(k): float(v) for k, v in outcome.metrics.items()}
                 self.infos[a]["role_rewards"] = dict(role)
+                self.infos[a]["agent_rewards"] = dict(own)
         else:
             self._check_agent(transition.next_agent)
             self.agent_selection = transition.next_agent
@@ -629,6 +646,35 @@ class TextAECEnv(AECEnv[str, str, str]):
                 )
             out[int(turn)] = float(value)
             self.transcript[i] = dataclasses.replace(self.transcript[i], role_reward=float(value))
+        return out
+
+    def _check_agent_rewards(self, outcome: Outcome) -> dict[str, float]:
+        """Each possible agent's outcome reward: `outcome.agent_rewards` where the env declares
+        `per_agent_rewards`, else the team reward for everyone.
+
+        Raises:
+            RuntimeError: an env with `per_agent_rewards` left an agent out, named an unknown one or gave a
+                value that is not a finite number; or a team env gave `agent_rewards` (an env bug).
+        """
+        given = outcome.agent_rewards
+        if not self.per_agent_rewards:
+            if given:
+                raise RuntimeError(
+                    f"{type(self).__name__} gave Outcome.agent_rewards but does not declare per_agent_rewards = True"
+                )
+            return dict.fromkeys(self.possible_agents, float(outcome.team_reward))
+        if set(given) != set(self.possible_agents):
+            raise RuntimeError(
+                f"{type(self).__name__} declares per_agent_rewards but gave agent_rewards for {sorted(given)}; "
+                f"it must give one for each of {list(self.possible_agents)}"
+            )
+        out: dict[str, float] = {}
+        for a, value in given.items():
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not np.isfinite(value):
+                raise RuntimeError(
+                    f"{type(self).__name__} gave {a!r} the outcome reward {value!r}; it must be a finite number"
+                )
+            out[a] = float(value)
         return out
 
     def _check_agent(self, agent: str) -> None:

@@ -27,8 +27,9 @@ The checks, in order:
 4. Pickling after `reset`: the copy plays on exactly like the original.
 5. Random play (`fuzz_episodes` episodes of `action_space(agent).sample()` text, thousands of actions): no
    exception, the standard loop ends with `agents == []`, `agent_selection` is always a live agent, and each
-   agent's return equals `team_reward - c * (its invalid turns)` (role scores never enter the returns), and
-   every role score is also on its transcript entry.
+   agent's return equals its outcome reward `infos[agent]["agent_rewards"][agent] - c * (its invalid turns)`
+   (the outcome reward is `team_reward` unless the env declares `per_agent_rewards`; role scores never enter
+   the returns), and every role score is also on its transcript entry.
 6. The env's golden episodes (`env.unwrapped.golden_episodes()`): agents, turn count, returns, team reward,
    success and (where the episode lists them) role scores exactly as scripted.
 7. `render_mode="ansi"` returns the transcript as a `str`.
@@ -93,6 +94,7 @@ def _check_contract(env: Any) -> None:
         )
     c = raw.invalid_action_penalty
     assert isinstance(c, float) and c >= 0, f"invalid_action_penalty must be a float >= 0, got {c!r}"
+    assert isinstance(type(raw).per_agent_rewards, bool), "per_agent_rewards must be a bool"
     role = type(raw).role_reward_agents
     assert isinstance(role, tuple) and set(role) <= set(raw.possible_agents), (
         f"role_reward_agents must be a tuple of possible agents, got {role!r}"
@@ -117,6 +119,25 @@ def _check_role_rewards(raw: Any, final_info: dict[str, dict[str, Any]], actors:
         )
     on_transcript = {e.turn: e.role_reward for e in raw.transcript if e.role_reward is not None}
     assert on_transcript == role, f"transcript role rewards {on_transcript} differ from infos' {role}"
+
+
+def _check_agent_rewards(raw: Any, final_info: dict[str, dict[str, Any]], team: float) -> dict[str, float]:
+    """`agent_rewards` at the end: the same dict for every agent, a finite float per possible agent, and the team
+    reward for each unless the env declares `per_agent_rewards`. Returns it."""
+    seen = [info.get("agent_rewards") for info in final_info.values()]
+    own = seen[0]
+    assert all(o == own for o in seen), f"agents disagree on agent_rewards: {seen}"
+    assert isinstance(own, dict) and set(own) == set(raw.possible_agents), (
+        f"infos[agent]['agent_rewards'] must map every possible agent to its outcome reward, got {own!r}"
+    )
+    assert all(isinstance(v, float) and math.isfinite(v) for v in own.values()), (
+        f"agent_rewards must be finite floats, got {own!r}"
+    )
+    if not type(raw).per_agent_rewards:
+        assert all(v == team for v in own.values()), (
+            f"a team env's agent_rewards must all be its team_reward {team}, got {own!r}"
+        )
+    return own
 
 
 def _check_infos(env: Any, agent: str, turn: int) -> None:
@@ -186,11 +207,13 @@ def play_random_episode(env: Any, rng: np.random.Generator, seed: int) -> tuple[
     assert len(team) == 1, f"agents disagree on team_reward: {team}"
     _check_role_rewards(raw, final_info, actors)
     (r,) = team
+    own = _check_agent_rewards(raw, final_info, r)
     c = raw.invalid_action_penalty
     for a, ret in returns.items():
-        expected = r - c * invalid[a]
+        expected = own[a] - c * invalid[a]
         assert math.isclose(ret, expected, abs_tol=1e-9), (
-            f"{a!r} returned {ret}, expected team_reward {r} - {c} * {invalid[a]} invalid turns = {expected}"
+            f"{a!r} returned {ret}, expected its outcome reward {own[a]} - {c} * {invalid[a]} invalid turns "
+            f"= {expected}"
         )
     return n_actions, sum(invalid.values())
 
