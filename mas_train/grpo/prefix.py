@@ -21,6 +21,7 @@ padding]``; the attention mask is 0 on both paddings.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +79,15 @@ def build_prefixes(
     return out
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword a causal LM's forward takes its KV cache by: ``cache`` from transformers 5.24 (the old name
+    deprecated), ``past_key_values`` before. Read from the base model class's signature, since a PEFT wrapper's
+    forward (or TRL's fused-LM-head patch) is ``(*args, **kwargs)`` and hides it."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 class SharedPrefix:
     """The key/value states of one token prefix, computed once by ``model`` (autograd on when grad is enabled).
 
@@ -96,7 +106,11 @@ class SharedPrefix:
 
         ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        cache = out.cache
+        # transformers 5.24 returns the cache as ``cache``; 5.19 (SGLang 0.5.23's pin) as ``past_key_values``
+        cache = getattr(out, "cache", None)
+        if cache is None:
+            cache = getattr(out, "past_key_values", None)
+        self.cache_kw = cache_keyword(model)
         layers = getattr(cache, "layers", None)
         if not layers or any(type(layer) is not DynamicLayer for layer in layers):
             raise ValueError("shared-prefix forward needs a DynamicCache of plain DynamicLayers")
@@ -161,8 +175,8 @@ def prefix_logps(
         input_ids=rest,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        cache=prefix.cache(rest.size(0)),
         labels=labels,
+        **{prefix.cache_kw: prefix.cache(rest.size(0))},
         fused_lm_head=True,
     )
     logps = out.log_probs[:, -logits_to_keep:]

@@ -31,6 +31,7 @@ loudly when a TRL upgrade changes the behaviour it relies on:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -75,7 +76,8 @@ def grpo_args(
     """A ``trl.GRPOConfig`` for an update on pre-built samples.
 
     Overrides TRL defaults that are wrong here: ``bf16`` (TRL defaults to True even on CPU),
-    ``activation_checkpointing`` (default True; slow and pointless on tiny CPU models), ``report_to`` (we log
+    activation checkpointing (default True; slow and pointless on tiny CPU models; ``activation_checkpointing``
+    from transformers 5.24, ``gradient_checkpointing`` before, whichever this install knows), ``report_to`` (we log
     ourselves) and saving (we checkpoint ourselves); fakes the batch shapes (workaround 3). ``grpo_kwargs`` pass
     straight to ``GRPOConfig`` (``loss_type``, ``epsilon``, ``beta``, ``num_iterations``, ``temperature``,
     ``max_completion_length``, ``weight_decay``, ``max_grad_norm``, ``lr_scheduler_type``, ``warmup_steps``,
@@ -94,7 +96,6 @@ def grpo_args(
         use_cpu=use_cpu,
         bf16=bf16,
         fp16=False,
-        activation_checkpointing=False,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
@@ -105,8 +106,12 @@ def grpo_args(
         gradient_accumulation_steps=1,
         dataloader_num_workers=0,
     )
-    if "gradient_checkpointing" in grpo_kwargs:  # the deprecated alias; do not pass both names
-        kwargs.pop("activation_checkpointing")
+    # transformers 5.24 renamed gradient_checkpointing to activation_checkpointing (the old name stays as a
+    # deprecated alias); 5.19, which SGLang 0.5.23 pins, knows only the old one. Pass one name, never both.
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    name = "activation_checkpointing" if "activation_checkpointing" in known else "gradient_checkpointing"
+    if "gradient_checkpointing" not in grpo_kwargs and "activation_checkpointing" not in grpo_kwargs:
+        kwargs[name] = False
     kwargs.update(grpo_kwargs)
     return GRPOConfig(**kwargs)
 
