@@ -120,7 +120,8 @@ def _run_train(args: list[str], sharded: bool) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
 
 
-def _step_summary(metrics: Path, what: str) -> float:
+def _step_summary(metrics: Path, what: str, trajectories: int) -> float:
+    """Print each step's time split and generated tokens; returns step 2's seconds."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "time/step" in r]
     if [r["step"] for r in steps] != [1, 2]:
@@ -128,8 +129,12 @@ def _step_summary(metrics: Path, what: str) -> float:
             f"CHECK {what} FAILED: {metrics} has steps {[r.get('step') for r in steps]}, not [1, 2]"
         )
     for r in steps:
+        agents = sorted(k.split("/", 2)[2] for k in r if k.startswith("charts/tokens/"))
+        # mean turns per trajectory x mean completion tokens per turn, summed over agents, x trajectories
+        tokens = trajectories * sum(r[f"charts/turns/{a}"] * r[f"charts/tokens/{a}"] for a in agents)
         print(
-            f"  step {r['step']}: generate {r['time/generate']:.2f} s, update {r['time/update']:.2f} s, "
+            f"  step {r['step']}: {tokens:,.0f} generated tokens ({tokens / r['time/generate']:,.0f} tokens/s), "
+            f"generate {r['time/generate']:.2f} s, update {r['time/update']:.2f} s, "
             f"sync {r['time/sync']:.2f} s, step {r['time/step']:.2f} s",
             flush=True,
         )
@@ -139,7 +144,8 @@ def _step_summary(metrics: Path, what: str) -> float:
 def check_lora(model_path: str, device: str, dtype: str, run_dir: Path, sizes: dict) -> float:
     args = _train_args(model_path, device, dtype, run_dir, "lora", sizes) + ["--model_sharing", "shared_lora"]
     _run_train(args, sharded=False)
-    s = _step_summary(run_dir / "lora" / "metrics.jsonl", "lora")
+    n = sizes["tasks_per_step"] * sizes["num_generations"]
+    s = _step_summary(run_dir / "lora" / "metrics.jsonl", "lora", n)
     print(f"CHECK lora ok: math-2agent, shared_lora (2 adapters, r 16) on {device} ({dtype}), 2 steps: "
           f"{s:.2f} s/step (step 2)", flush=True)  # fmt: skip
     return s
@@ -149,7 +155,8 @@ def check_sharded(model_path: str, device: str, dtype: str, run_dir: Path, sizes
     args = _train_args(model_path, device, dtype, run_dir, "sharded", sizes)
     args += ["--model_sharing", "shared", "--num_ranks", "2", "--log_agent_grad_norms", "false"]
     _run_train(args, sharded=True)
-    s = _step_summary(run_dir / "sharded" / "metrics.jsonl", "sharded")
+    n = sizes["tasks_per_step"] * sizes["num_generations"]
+    s = _step_summary(run_dir / "sharded" / "metrics.jsonl", "sharded", n)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     print(f"CHECK sharded ok: math-2agent, full fine-tune on 1 FSDP2 rank over {backend} ({dtype}), 2 steps: "
           f"{s:.2f} s/step (step 2)", flush=True)  # fmt: skip

@@ -3,6 +3,7 @@ is pinned by CI's constraints, its model is the size it says, and its Python par
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -75,5 +76,12 @@ def test_part1_runs_on_cpu_with_tiny_qwen3(tmp_path):
     assert "4 prompts x 16 new tokens = 64 tokens" in checks[0]
     assert "over gloo (float32), 2 steps" in checks[2]
     assert "sharded hosting ran group(s) ['shared'] on 1 rank each" in out.stdout
+    # each run's step-2 line: 4 trajectories (2 tasks x 2 generations) x sum over agents of turns x tokens per turn
+    printed = [int(n.replace(",", "")) for n in re.findall(r"step 2: ([\d,]+) generated tokens", out.stdout)]
+    expected = []
     for run in ("lora", "sharded"):
-        assert len((tmp_path / "part1" / run / "metrics.jsonl").read_text().splitlines()) >= 2
+        rows = [json.loads(x) for x in (tmp_path / "part1" / run / "metrics.jsonl").read_text().splitlines()]
+        (r,) = [r for r in rows if r.get("step") == 2 and "time/step" in r]
+        agents = ("solver", "verifier")
+        expected.append(round(4 * sum(r[f"charts/turns/{a}"] * r[f"charts/tokens/{a}"] for a in agents)))
+    assert printed == expected and all(n > 0 for n in printed)
