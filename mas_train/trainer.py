@@ -163,6 +163,7 @@ class MultiGroupTrainer:
                 scope=cfg.advantage_scope,
                 turn_ids=[s.turn for s in samples],
                 min_turn_samples=cfg.advantage_turn_min_samples,
+                stats=cfg.advantage_stats,
             )
             adv = res.advantages
             metrics.update(res.metrics(prefix="charts/advantage"))

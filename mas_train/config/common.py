@@ -14,11 +14,13 @@ from typing import Any
 
 from mas_train.advantages import MODES as ADVANTAGE_MODES
 from mas_train.advantages import SCOPES as ADVANTAGE_SCOPES
+from mas_train.advantages import STATS as ADVANTAGE_STATS
 from mas_train.backends import BACKEND_KINDS
 
 __all__ = [
     "ADVANTAGE_MODES",
     "ADVANTAGE_SCOPES",
+    "ADVANTAGE_STATS",
     "BACKENDS",
     "DTYPES",
     "LAPTOP_DEFAULTS",

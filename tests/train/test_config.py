@@ -1013,7 +1013,12 @@ PAPER_RUN_AT_DDC0558 = {
 
 
 # Settings added since ddc0558 (role/turn credit, episode records), at defaults that change nothing of a run
-ADDED_SINCE_DDC0558 = {"advantage_turn_min_samples": 2, "log_episodes": 4, "log_eval_episodes": 16}
+ADDED_SINCE_DDC0558 = {
+    "advantage_turn_min_samples": 2,
+    "advantage_stats": "paper",
+    "log_episodes": 4,
+    "log_eval_episodes": 16,
+}
 # dtype pinned to float32 (bf16 learned less on a CPU with native bf16): ddc0558's "auto" was fp32 on every CPU
 PLAIN_RUN_AT_DDC0558 = {**PLAIN_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558, "dtype": "float32"}
 PAPER_RUN_AT_DDC0558 = {**PAPER_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558}
