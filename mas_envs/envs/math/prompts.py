@@ -14,6 +14,22 @@ VERIFIER_SYSTEM = (
     "You are the verifier on a two-agent team (a solver and a verifier) that solves math problems together."
 )
 SOLVER_SYSTEM_1AGENT = "You are a careful mathematician who solves problems step by step."
+# math-fixer (paper style)
+PROPOSER_SYSTEM = (
+    "You are the proposer on a two-agent team (a proposer and a fixer) that solves math problems together. "
+    "A grader checks your answer; if it is wrong, the fixer repairs it."
+)
+FIXER_SYSTEM = (
+    "You are the fixer on a two-agent team (a proposer and a fixer) that solves math problems together. "
+    "You are called only when the grader found the latest answer wrong."
+)
+FIXER_ENTRY = "## {who}\n{text}\n\nGrader: incorrect."
+FIXER_TASK = (
+    "# Your task\n"
+    "Every answer in the team history was graded incorrect. Find the mistake and solve the problem again, "
+    "step by step, with a different final answer. Put your final answer in \\boxed{{}} at the end, for example "
+    "\\boxed{{42}}."
+)
 
 PROBLEM = "# Problem\n{question}"
 HISTORY_HEADER = "# Team history"
