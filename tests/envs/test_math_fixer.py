@@ -142,6 +142,17 @@ def test_the_fixer_sees_every_earlier_attempt_and_the_verdict(style):
             "That answer is wrong. Try again:"
         )
         assert [m["role"] for m in first][-1] == "user" and first[-1]["content"] == TASK["question"]
+        # the proposer's prompt is math-1agent's fewshot solver prompt; the fixer's adds one worked repair
+        one = mas_envs.make("math-1agent", prompt_style="fewshot")
+        one.reset(options={"task": TASK})
+        assert first == one.unwrapped.prompt_messages("solver")
+        assert [m["content"] for m in msgs[4:8]] == [
+            "What is 6 - 9?",
+            "6 - 9 = 3. \\boxed{3}",
+            "That answer is wrong. Try again: What is 6 - 9?",
+            "6 - 9 = -3. \\boxed{-3}",
+        ]
+        assert msgs[:4] == first[:4] and msgs[8] == first[4]
 
 
 def test_arguments_are_checked():

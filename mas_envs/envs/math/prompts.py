@@ -82,5 +82,9 @@ FEWSHOT_VERIFIER_EXAMPLES = (
     ("What is 6 + 1?", "6 + 1 = 8. \\boxed{8}", "6 + 1 = 7, so 8 is wrong. <verify>reject</verify>"),
     ("What is 9 - 5?", "9 - 5 = 4. \\boxed{4}", "4 is correct. <verify>approve</verify>"),
 )
+# math-fixer's fixer (fewshot): one worked repair between the solver examples and the live problem. Without it
+# SmolLM2-135M mostly repeated the rejected answer: on 20 one-digit +/- problems x 4 (T = 0.7, same seed) it
+# repaired 2 of 24 wrong proposals (team success 0.725); with it 6 of 24 (0.775).
+FEWSHOT_REPAIR_EXAMPLE = ("What is 6 - 9?", "6 - 9 = 3. \\boxed{3}", "6 - 9 = -3. \\boxed{-3}")
 # The verifier sees at most this many characters of the solver's latest answer (its end, where the box is).
 FEWSHOT_ANSWER_CHARS = 400
