@@ -10,7 +10,9 @@ Notation for one task group (Dr. MAS, arXiv 2602.08847):
 * trajectory score :math:`r_i` = mean of the step scores of trajectory i (equal to R when nothing is penalised);
 * global statistics (eq. 2): :math:`\mu, \sigma` = mean and **population** std of :math:`r_1..r_G`;
 * per-agent statistics (eq. 5, Algorithm 1 lines 37-41): :math:`\mu_k, \sigma_k` = mean and **population** std
-  of the step scores of agent k in the group -- a trajectory counts once per turn of k.
+  of the step scores of agent k in the group -- a trajectory counts once per turn of k;
+* turn-score std :math:`\sigma_s` = population std of the step scores of *every* turn in the group (all agents,
+  a trajectory counts once per turn), the global std on the scale of the step scores.
 
 Modes (the mean and std used; ε = 1e-6):
 
@@ -19,13 +21,29 @@ mode           statistics                    advantage of a sample of agent k in
 =============  ============================  =====================================================
 ``grpo``       (μ, σ)      eq. 2             :math:`(r_i - \mu) / (\sigma + \varepsilon)` (every step of i)
 ``drmas``      (μ_k, σ_k)  eq. 5             :math:`(s - \mu_k) / (\sigma_k + \varepsilon)`
-``agent_mean`` (μ_k, σ)    ablation          :math:`(s - \mu_k) / (\sigma + \varepsilon)`
+``agent_mean`` (μ_k, σ_s)  ablation          :math:`(s - \mu_k) / (\sigma_s + \varepsilon)`
 ``agent_std``  (μ, σ_k)    ablation          :math:`(s - \mu) / (\sigma_k + \varepsilon)`
 =============  ============================  =====================================================
+
+``agent_mean`` (Table 3's (μ_k, σ)) takes its numerator and its std from the same step scores s: μ_k and σ_s
+are both over turns. (An earlier version divided by the trajectory scores' σ: with invalid-action penalties the step
+scores, each carrying its penalty c in full, spread far more than the trajectory means, which average the
+penalty over the trajectory's turns, and its advantages were inflated up to E[A²] = 9; docs/results.md.)
+Without penalties and with every trajectory the same length, σ_s = σ.
 
 Where the std a mode divides by is 0 (all values equal, including a single value) the advantage is exactly 0:
 there is no learning signal, and it is never inflated by ``1/ε``. Those samples are flagged (``zero_std``) and
 their fraction is reported per agent.
+
+``stats`` says how every mean and std above is estimated from the n values of its cell:
+
+* ``"paper"`` (default): mean and population std (ddof = 0), as the paper writes them (eq. 2, eq. 5,
+  Algorithm 1 line 40); a cell of one value has σ = 0, so its sample gets advantage 0 (no signal);
+* ``"reference"``: as the reference code (``verl/trainer/ppo/core_algos.py::compute_grpo_outcome_advantage``):
+  the unbiased std (ddof = 1, ``torch.std``), and a cell of one value gets μ := 0, σ := 1, i.e. its raw,
+  uncentred score as advantage (``s / (1 + ε)``). With n values the unbiased std is the population one times
+  :math:`\sqrt{n/(n-1)}`, so every advantage of an n-sample cell is :math:`\sqrt{(n-1)/n}` times the paper's
+  (0.87 at n = 4) and a cell's E[A²] is (n-1)/n instead of 1.
 
 ``scope="group"`` (default) computes the statistics per task group, as the reference code does;
 ``scope="batch"`` pools every task group of the batch (one μ/σ over all trajectories, one μ_k/σ_k per agent);
@@ -34,16 +52,18 @@ their fraction is reported per agent.
 trajectory: :math:`\mu_{k,p}, \sigma_{k,p}` over the n_{k,p} turns of k at position p in the group. A cell with
 fewer than ``min_turn_samples`` turns (a position only some trajectories reach, e.g. a retry after a rejection)
 falls back to the agent's task-group statistics :math:`\mu_k, \sigma_k` (eq. 5) instead of giving its turns no
-signal; the global μ, σ stay per task group. Each turn's advantage uses only its own score minus one baseline
-that depends on (task group, agent, position), never a sum over later turns, so the stopping-time bias of
-verl #7244 (a baseline whose number of terms is set by the trajectory's own length) cannot arise
+signal; the global μ, σ (and σ_s) stay per task group. Each turn's advantage uses only its own score minus one
+baseline that depends on (task group, agent, position), never a sum over later turns, so the stopping-time bias
+of verl #7244 (a baseline whose number of terms is set by the trajectory's own length) cannot arise
 (docs/advantages.md, "Turn scope").
 
 Differences from the reference code (``verl/trainer/ppo/core_algos.py::compute_grpo_outcome_advantage``):
 
-* it uses the unbiased (N-1) ``torch.std``; we use the population std the paper writes;
-* a key with a single sample gets μ := 0, σ := 1 there, i.e. the raw, uncentred score as advantage; here it gets
-  0 (σ = 0: no signal);
+* with ``stats="paper"`` (default): it uses the unbiased (N-1) ``torch.std`` where we use the population std
+  the paper writes, and a key with a single sample gets μ := 0, σ := 1 there (the raw, uncentred score as
+  advantage) where it gets 0 here; ``stats="reference"`` does both as it does;
+* a cell of n >= 2 equal values gives 0 in both; in the mixed modes, where the numerator need not be 0 when the
+  std is, we give 0 where the reference code's rule would give num / ε;
 * its ablation branch selects step- vs trajectory-weighted statistics inside the per-agent key, not the paper's
   mixed (μ_k, σ) / (μ, σ_k); we implement the paper's mixtures;
 * it computes statistics after duplicating padding rows; we never pad before the advantage.
@@ -67,6 +87,7 @@ __all__ = [
     "DEFAULT_MIN_TURN_SAMPLES",
     "MODES",
     "SCOPES",
+    "STATS",
     "AdvantageResult",
     "AgentAdvantageStats",
     "combine_keys",
@@ -80,6 +101,9 @@ __all__ = [
 
 MODES = ("drmas", "grpo", "agent_mean", "agent_std")
 SCOPES = ("group", "batch", "turn")
+#: how a cell's mean and std are estimated: the paper's population std (a one-value cell gives no signal), or the
+#: reference code's unbiased std (a one-value cell gives its raw score); see the module docstring
+STATS = ("paper", "reference")
 #: turn-scope cells with fewer turns than this use the agent's task-group statistics (docs/advantages.md)
 DEFAULT_MIN_TURN_SAMPLES = 2
 
@@ -150,6 +174,7 @@ def compute_advantages(
     scope: str = "group",
     turn_ids: Sequence[int] | np.ndarray | None = None,
     min_turn_samples: int = DEFAULT_MIN_TURN_SAMPLES,
+    stats: str = "paper",
 ) -> np.ndarray:
     """One advantage per sample (see the module docstring for the formulas).
 
@@ -158,7 +183,7 @@ def compute_advantages(
         group_ids: ``(N,)`` task-group id of each sample (e.g. the task uid).
         traj_ids: ``(N,)`` trajectory id of each sample; only needs to be unique within its task group.
         agent_ids: ``(N,)`` agent of each sample.
-        mode: ``"drmas"`` (eq. 5), ``"grpo"`` (eq. 2), ``"agent_mean"`` (μ_k, σ) or ``"agent_std"`` (μ, σ_k).
+        mode: ``"drmas"`` (eq. 5), ``"grpo"`` (eq. 2), ``"agent_mean"`` (μ_k, σ_s) or ``"agent_std"`` (μ, σ_k).
         eps: ε added to the std (>= 0).
         scope: ``"group"`` (statistics per task group), ``"batch"`` (pooled over the batch) or ``"turn"``
             (per-agent statistics per task group, agent and turn position; not with ``mode="grpo"``).
@@ -166,12 +191,14 @@ def compute_advantages(
             their order within a (trajectory, agent) matters. Required for ``scope="turn"``, ignored otherwise.
         min_turn_samples: ``scope="turn"``: a (task group, agent, position) cell with fewer turns uses the
             agent's task-group statistics (>= 1; 1 never falls back).
+        stats: ``"paper"`` (population std; a one-value cell gives 0) or ``"reference"`` (unbiased std; a
+            one-value cell gives its raw score), see the module docstring.
 
     Returns:
         ``(N,)`` float64 advantages, in input order.
 
     Raises:
-        ValueError: unknown mode or scope, ``grpo`` with ``scope="turn"``, negative/non-finite eps, inputs of
+        ValueError: unknown mode, scope or stats, ``grpo`` with ``scope="turn"``, negative/non-finite eps, inputs of
             different lengths or not 1-D, NaN/inf scores (the message gives their count and first indices),
             missing or repeated turn ids (one agent twice at one turn of a trajectory) for ``scope="turn"``,
             ``min_turn_samples < 1``.
@@ -186,6 +213,7 @@ def compute_advantages(
         scope=scope,
         turn_ids=turn_ids,
         min_turn_samples=min_turn_samples,
+        stats=stats,
     ).advantages
 
 
@@ -200,6 +228,7 @@ def compute_advantages_with_stats(
     scope: str = "group",
     turn_ids: Sequence[int] | np.ndarray | None = None,
     min_turn_samples: int = DEFAULT_MIN_TURN_SAMPLES,
+    stats: str = "paper",
 ) -> AdvantageResult:
     """:func:`compute_advantages` plus the zero-std mask, the statistics cells and per-agent statistics to log.
 
@@ -209,6 +238,8 @@ def compute_advantages_with_stats(
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
+    if stats not in STATS:
+        raise ValueError(f"stats must be one of {list(STATS)}, got {stats!r}")
     if scope == "turn" and mode == "grpo":
         raise ValueError(
             "scope='turn' groups the per-agent statistics by turn position, and mode='grpo' has none (one "
@@ -237,9 +268,9 @@ def compute_advantages_with_stats(
     r = np.bincount(t, weights=s, minlength=n_traj) / np.bincount(t, minlength=n_traj)
     traj_group = np.zeros(n_traj, dtype=np.int64)
     traj_group[t] = g
-    mu_g, sigma_g = mean_std_by_key(r, traj_group)  # eq. 2, over trajectories
+    mu_g, sigma_g = mean_std_by_key(r, traj_group, stats=stats)  # eq. 2, over trajectories
     ga = combine_keys(g, a_codes)
-    mu_ga, sigma_ga = mean_std_by_key(s, ga)  # eq. 5, over agent turns
+    mu_ga, sigma_ga = mean_std_by_key(s, ga, stats=stats)  # eq. 5, over agent turns
     fallback = np.zeros(n, dtype=bool)
     cell = ga
     mu_k, sigma_k = mu_ga[ga], sigma_ga[ga]
@@ -247,7 +278,7 @@ def compute_advantages_with_stats(
         # AT-GRPO's cells (task group, agent, position); a cell below min_turn_samples keeps eq. 5's (group,
         # agent) statistics over all of the agent's turns in the group
         gap = combine_keys(ga, position)
-        mu_p, sigma_p = mean_std_by_key(s, gap)
+        mu_p, sigma_p = mean_std_by_key(s, gap, stats=stats)
         fallback = np.bincount(gap)[gap] < min_turn_samples
         mu_k = np.where(fallback, mu_k, mu_p[gap])
         sigma_k = np.where(fallback, sigma_k, sigma_p[gap])
@@ -258,7 +289,9 @@ def compute_advantages_with_stats(
     elif mode == "drmas":
         num, sigma = s - mu_k, sigma_k
     elif mode == "agent_mean":
-        num, sigma = s - mu_k, sigma_g[g]
+        # numerator and std on one scale: sigma_s over the same step scores as mu_k (module docstring)
+        sigma_s = mean_std_by_key(s, g, stats=stats)[1]
+        num, sigma = s - mu_k, sigma_s[g]
     else:  # agent_std
         num, sigma = s - mu_g[g], sigma_k
     zero_std = sigma == 0.0
@@ -338,16 +371,30 @@ def finite_scores(scores: Sequence[float] | np.ndarray) -> np.ndarray:
     return s
 
 
-def mean_std_by_key(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-key mean and population std; a std that is rounding noise of equal values is returned as exactly 0."""
+def mean_std_by_key(
+    values: np.ndarray, keys: np.ndarray, *, stats: str = "paper"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-key mean and std of ``values`` (``(N,)`` float) grouped by ``keys`` (``(N,)`` int codes 0..K-1).
+
+    ``stats="paper"``: the mean and the population std (ddof = 0). ``stats="reference"``: the mean and the
+    unbiased std (ddof = 1), and a key with one value gets mean 0 and std 1 (the reference code's rule, module
+    docstring). A std that is rounding noise of equal values is returned as exactly 0.
+
+    Returns:
+        ``(mean, std)``, each ``(K,)`` float64, indexed by key code (keys without values get 0, 0).
+    """
     k = int(keys.max()) + 1
     count = np.bincount(keys, minlength=k)
     safe = np.maximum(count, 1)  # keys without values get 0/1; they are never indexed
     mean = np.bincount(keys, weights=values, minlength=k) / safe
     # two-pass variance: exact 0 for identical values far more often than E[x^2] - E[x]^2
-    var = np.bincount(keys, weights=(values - mean[keys]) ** 2, minlength=k) / safe
-    std = np.sqrt(var)
+    sq = np.bincount(keys, weights=(values - mean[keys]) ** 2, minlength=k)
+    ddof = 1 if stats == "reference" else 0
+    std = np.sqrt(sq / np.maximum(count - ddof, 1))
     std[std <= _ZERO_STD_RTOL * np.maximum(1.0, np.abs(mean))] = 0.0
+    if stats == "reference":
+        single = count == 1
+        mean[single], std[single] = 0.0, 1.0
     return mean, std
 
 

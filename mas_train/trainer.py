@@ -40,7 +40,7 @@ from mas_train.episodes import EpisodeLog
 from mas_train.eval import eval_sampling, evaluate
 from mas_train.hosting.pools import make_pool
 from mas_train.hosting.protocols import WorkerPool
-from mas_train.lemma_stats import lemma_metrics
+from mas_train.lemma_stats import lemma_metrics, lld_metrics
 from mas_train.metrics import rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
 from mas_train.rollout import RolloutCollector
@@ -163,11 +163,16 @@ class MultiGroupTrainer:
                 scope=cfg.advantage_scope,
                 turn_ids=[s.turn for s in samples],
                 min_turn_samples=cfg.advantage_turn_min_samples,
+                stats=cfg.advantage_stats,
             )
             adv = res.advantages
             metrics.update(res.metrics(prefix="charts/advantage"))
-            # Lemma 4.2's inflation factor of every agent, whatever advantage_mode trains (docs/training.md).
+            # Lemma 4.2's inflation factor and noise share of every agent, whatever advantage_mode trains
+            # (docs/training.md), and the LLD probe: the likelihood of the turns that succeeded.
             metrics.update(lemma_metrics(*columns))
+            metrics.update(
+                lld_metrics(columns[3], [s.success for s in samples], [s.sampling_logprobs for s in samples])
+            )
         t_score = time.perf_counter() - t0
 
         t_update = t_sync = 0.0

@@ -8,6 +8,8 @@ from mas_envs.registration import register
 # Math: solver <-> verifier loop, and the solver-alone baseline.
 register("math-2agent-v0", entry_point="mas_envs.envs.math.math_2agent:env")
 register("math-1agent-v0", entry_point="mas_envs.envs.math.math_1agent:env")
+# Math: a proposer answers once; a fixer retries (up to max_fixes) only while the grader says wrong.
+register("math-fixer-v0", entry_point="mas_envs.envs.math.math_fixer:env")
 
 # Search: verifier -> searcher | answerer with a FAISS E5 retriever, and the Search-R1-style single agent.
 register("search-3agent-v0", entry_point="mas_envs.envs.search.search_3agent:env")

@@ -41,6 +41,7 @@ from mas_train.config.args import build_parser, config_diff, explicit_overrides,
 from mas_train.config.common import (
     ADVANTAGE_MODES,
     ADVANTAGE_SCOPES,
+    ADVANTAGE_STATS,
     BACKENDS,
     DTYPES,
     LAPTOP_DEFAULTS,
@@ -73,6 +74,7 @@ from mas_train.config.train import TrainConfig
 __all__ = [
     "ADVANTAGE_MODES",
     "ADVANTAGE_SCOPES",
+    "ADVANTAGE_STATS",
     "BACKENDS",
     "DTYPES",
     "LAPTOP_DEFAULTS",

@@ -14,6 +14,7 @@ from typing import Any
 from mas_train.config.common import (
     ADVANTAGE_MODES,
     ADVANTAGE_SCOPES,
+    ADVANTAGE_STATS,
     BACKENDS,
     DTYPES,
     GROUP_NAME_RE,
@@ -172,6 +173,12 @@ class TrainConfig:
         default=2,
     )
     advantage_eps: float = _help("epsilon in A = (s - mu)/(sigma + epsilon).", default=1e-6)
+    advantage_stats: str = _help(
+        "How every mean/std of the advantage is estimated: 'paper' (population std; an agent that acted once in "
+        "a task group gets advantage 0) or 'reference' (as the Dr. MAS reference code: unbiased std, and a "
+        "one-sample cell gets its raw score); docs/advantages.md 'Estimator'.",
+        default="paper",
+    )
     sampling: SamplingConfig = _help(
         "Default sampling of every agent during training.", default_factory=SamplingConfig
     )
@@ -241,6 +248,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_choice("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
         check_choice("advantage_scope", self.advantage_scope, ADVANTAGE_SCOPES)
+        check_choice("advantage_stats", self.advantage_stats, ADVANTAGE_STATS)
         if self.advantage_scope == "turn" and self.advantage_mode == "grpo":
             raise ConfigError(
                 "advantage_scope: turn groups the per-agent statistics by turn position, and advantage_mode: grpo "

@@ -46,11 +46,100 @@ def test_agent_std_verifier_zero_std():
     np.testing.assert_allclose(adv[SOLVER], [0.999998, -0.999998, 0.999998, -0.999998], atol=1e-6)
 
 
-def test_agent_mean_uses_agent_mean_and_global_std():
-    # verifier: (1 - mu_k=1) / (sigma=0.5 + eps) = 0; global sigma is not 0, so not flagged
+def test_agent_mean_uses_agent_mean_and_the_std_of_all_turn_scores():
     res = compute_advantages_with_stats(FOUR_SCORES, FOUR_GROUPS, FOUR_TRAJ, FOUR_AGENTS, mode="agent_mean")
+    # sigma_s over the six turn scores [1, 1, 0, 1, 1, 0]: mean 2/3, population std sqrt(2/9) = 0.471405
+    # (the trajectory scores' sigma would be 0.5: the two-turn trajectories both succeeded)
+    sigma_s = np.sqrt(2 / 9)
+    # verifier: (1 - mu_k=1) / (sigma_s + eps) = 0; sigma_s is not 0, so not flagged
     assert res.advantages[VERIFIER].tolist() == [0.0, 0.0]
     assert not res.zero_std.any()
+    # solver: mu_k = 0.5 -> +-0.5 / (0.471405 + eps) = +-1.060658
+    np.testing.assert_allclose(res.advantages[SOLVER], [1.060658, -1.060658, 1.060658, -1.060658], atol=1e-6)
+    np.testing.assert_allclose(
+        res.advantages[SOLVER], np.array([1, -1, 1, -1]) * 0.5 / (sigma_s + EPS), rtol=1e-12
+    )
+
+
+def test_agent_mean_on_one_scale_does_not_inflate_penalty_only_groups():
+    # both trajectories fail (R = 0); only the verifier's invalid action in t1 (c = 0.1) varies:
+    # t1: solver 0.0, verifier -0.1; t2: solver 0.0, verifier 0.0
+    s, g, t, a = [0.0, -0.1, 0.0, 0.0], [0] * 4, [1, 1, 2, 2], ["s", "v", "s", "v"]
+    # Before: sigma of the trajectory scores r = [-0.05, 0] is 0.025, and the verifier got
+    # (-0.1 - (-0.05)) / 0.025 = -2, A^2 = 4, from a penalty alone.
+    # Now: sigma_s of the turn scores [0, -0.1, 0, 0]: mean -0.025, deviations [.025, -.075, .025, .025],
+    # variance (3 * 0.000625 + 0.005625) / 4 = 0.001875, sigma_s = 0.0433013; verifier mu_k = -0.05:
+    # (-0.1 + 0.05) / 0.0433013 = -1.154701 (-1.154674 with eps = 1e-6 on so small a sigma), +1.154674;
+    # solver mu_k = 0: 0, 0. The verifier's E[A^2] is 1.33, not 4.
+    adv = compute_advantages(s, g, t, a, mode="agent_mean")
+    np.testing.assert_allclose(adv, [0.0, -1.154674, 0.0, 1.154674], atol=1e-6)
+    sigma_s = np.sqrt(0.001875)
+    np.testing.assert_allclose(adv, [0.0, -0.05 / (sigma_s + EPS), 0.0, 0.05 / (sigma_s + EPS)], rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- stats="reference"
+
+
+def test_reference_stats_unbiased_std():
+    # FOUR: solver [1, 0, 1, 0]: mu_k 0.5, unbiased std sqrt(1/3) = 0.577350 -> +-0.5 / (0.577350 + eps) = +-0.866024
+    # (the population std 0.5 gives +-1); verifier [1, 1]: std 0 -> 0 in both
+    res = compute_advantages_with_stats(FOUR_SCORES, FOUR_GROUPS, FOUR_TRAJ, FOUR_AGENTS, stats="reference")
+    np.testing.assert_allclose(res.advantages[SOLVER], [0.866024, -0.866024, 0.866024, -0.866024], atol=1e-6)
+    np.testing.assert_allclose(
+        res.advantages[SOLVER], np.array([1, -1, 1, -1]) * 0.5 / (np.sqrt(1 / 3) + EPS), rtol=1e-12
+    )
+    assert res.advantages[VERIFIER].tolist() == [0.0, 0.0]
+    assert res.zero_std.tolist() == [False, True, False, False, True, False]
+    # grpo: r = [1, 0, 1, 0] -> the same +-0.866024 on every step of each trajectory
+    np.testing.assert_allclose(
+        compute_advantages(FOUR_SCORES, FOUR_GROUPS, FOUR_TRAJ, FOUR_AGENTS, mode="grpo", stats="reference"),
+        [0.866024, 0.866024, -0.866024, 0.866024, 0.866024, -0.866024],
+        atol=1e-6,
+    )
+
+
+def test_reference_stats_single_sample_cell_gets_its_raw_score():
+    # the answer agent acted once in the group: mu := 0, sigma := 1 -> A = 0.7 / (1 + 1e-6) = 0.6999993
+    # (paper stats: 0, test_agent_with_one_sample_in_a_group_gets_zero). solver [1, 0]: mu 0.5, unbiased std
+    # sqrt(0.5) = 0.707107 -> +-0.5 / 0.707107 = +-0.707106
+    s, g, t, a = [1.0, 0.0, 0.7], [0, 0, 0], [0, 1, 1], ["solver", "solver", "answer"]
+    res = compute_advantages_with_stats(s, g, t, a, stats="reference")
+    np.testing.assert_allclose(res.advantages, [0.707106, -0.707106, 0.6999993], atol=1e-6)
+    np.testing.assert_allclose(
+        res.advantages, [0.5 / (np.sqrt(0.5) + EPS), -0.5 / (np.sqrt(0.5) + EPS), 0.7 / (1 + EPS)], rtol=1e-12
+    )
+    assert res.zero_std.tolist() == [False, False, False]
+    assert res.per_agent["answer"].zero_std_frac == 0.0
+    # a wrong single answer (score 0, or -0.1 with a penalty) is not pushed down below 0 by more than its score
+    res = compute_advantages_with_stats([1.0, 0.0, -0.1], g, t, a, stats="reference")
+    assert res.advantages[2] == pytest.approx(-0.1 / (1 + EPS), rel=1e-12)
+    # a task group of one trajectory under grpo: its raw trajectory score r = (1.0 + 0.9) / 2 = 0.95
+    adv = compute_advantages([1.0, 0.9], [0, 0], [0, 0], ["s", "v"], mode="grpo", stats="reference")
+    np.testing.assert_allclose(adv, [0.95 / (1 + EPS)] * 2, rtol=1e-12)
+
+
+def test_reference_stats_in_the_mixed_modes():
+    # the mixed-modes batch below: r = [0.95, 0.0]; turn scores [1.0, 0.9, 0.0, 0.0]
+    s, g, t, a = [1.0, 0.9, 0.0, 0.0], [0, 0, 0, 0], [0, 0, 1, 1], ["s", "v", "s", "v"]
+    # unbiased: sigma (of r) = 0.95 / sqrt(2) = 0.671751; solver sigma_k = 1 / sqrt(2) = 0.707107; verifier
+    # sigma_k = 0.9 / sqrt(2) = 0.636396; sigma_s = sqrt(0.9075 / 3) = 0.550000 (sum of squares 0.9075)
+    sig_s = np.sqrt(0.9075 / 3)
+    assert sig_s == pytest.approx(0.55, rel=1e-12)
+    np.testing.assert_allclose(
+        compute_advantages(s, g, t, a, mode="agent_mean", stats="reference"),
+        [0.5 / (0.55 + EPS), 0.45 / (0.55 + EPS), -0.5 / (0.55 + EPS), -0.45 / (0.55 + EPS)],
+        rtol=1e-12,
+    )
+    np.testing.assert_allclose(
+        compute_advantages(s, g, t, a, mode="agent_std", stats="reference"),
+        [
+            0.525 / (1 / np.sqrt(2) + EPS),
+            0.425 / (0.9 / np.sqrt(2) + EPS),
+            -0.475 / (1 / np.sqrt(2) + EPS),
+            -0.475 / (0.9 / np.sqrt(2) + EPS),
+        ],
+        rtol=1e-12,
+    )
 
 
 def test_mixed_modes_differ_when_means_differ():
@@ -61,6 +150,7 @@ def test_mixed_modes_differ_when_means_differ():
     t = [0, 0, 1, 1]
     a = ["s", "v", "s", "v"]
     # r = [0.95, 0.0]: mu = 0.475, sigma = 0.475. solver mu_k = 0.5, sigma_k = 0.5; verifier 0.45, 0.45
+    sig_s = np.sqrt(0.226875)
     expected = {
         "grpo": [
             0.475 / (0.475 + EPS),
@@ -69,16 +159,19 @@ def test_mixed_modes_differ_when_means_differ():
             -0.475 / (0.475 + EPS),
         ],
         "drmas": [0.5 / (0.5 + EPS), 0.45 / (0.45 + EPS), -0.5 / (0.5 + EPS), -0.45 / (0.45 + EPS)],
+        # sigma_s over the turn scores [1.0, 0.9, 0.0, 0.0]: mean 0.475, squared deviations .275625, .180625,
+        # .225625, .225625 -> variance 0.226875, sigma_s = 0.476314
         "agent_mean": [
-            0.5 / (0.475 + EPS),
-            0.45 / (0.475 + EPS),
-            -0.5 / (0.475 + EPS),
-            -0.45 / (0.475 + EPS),
+            0.5 / (sig_s + EPS),
+            0.45 / (sig_s + EPS),
+            -0.5 / (sig_s + EPS),
+            -0.45 / (sig_s + EPS),
         ],
         "agent_std": [0.525 / (0.5 + EPS), 0.425 / (0.45 + EPS), -0.475 / (0.5 + EPS), -0.475 / (0.45 + EPS)],
     }
     for mode, want in expected.items():
         np.testing.assert_allclose(compute_advantages(s, g, t, a, mode=mode), want, rtol=1e-12, err_msg=mode)
+    np.testing.assert_allclose(compute_advantages(s, g, t, a, mode="agent_mean")[0], 1.049726, atol=1e-6)
 
 
 def test_two_trajectories_repeated_solver_turns():
@@ -175,6 +268,8 @@ def test_bad_arguments_raise():
         compute_advantages([1.0], [0], [0], ["a"], mode="ppo")
     with pytest.raises(ValueError, match="scope must be one of"):
         compute_advantages([1.0], [0], [0], ["a"], scope="task")
+    with pytest.raises(ValueError, match=r"stats must be one of \['paper', 'reference'\]"):
+        compute_advantages([1.0], [0], [0], ["a"], stats="unbiased")
     with pytest.raises(ValueError, match="agent_ids has 1 entries but scores has 2"):
         compute_advantages([1.0, 0.0], [0, 0], [0, 1], ["a"])
     with pytest.raises(ValueError, match="eps"):
@@ -275,3 +370,12 @@ def test_any_finite_scores_give_finite_bounded_values(scores, mode, scope):
         assert res.advantages[0] == 0.0
     # |A| <= sqrt(N - 1) for a z-score over N values
     assert (np.abs(res.advantages) <= np.sqrt(n + 2) + 1e-9).all()
+
+
+def test_advantage_stats_config_default_and_validation():
+    from mas_train.config import ConfigError, TrainConfig
+
+    assert TrainConfig.from_dict({}).advantage_stats == "paper"
+    assert TrainConfig.from_dict({"advantage_stats": "reference"}).advantage_stats == "reference"
+    with pytest.raises(ConfigError, match=r"advantage_stats must be one of \['paper', 'reference'\]"):
+        TrainConfig.from_dict({"advantage_stats": "unbiased"})

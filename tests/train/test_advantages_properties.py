@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mas_train.advantages import MODES, SCOPES, compute_advantages_with_stats
+from mas_train.advantages import MODES, SCOPES, STATS, compute_advantages_with_stats
 from mas_train.lemma_stats import lemma_factors
 
 SCORES = (0.0, 1.0, 0.5, -0.1, 0.9, 0.25, 2.0)
@@ -50,21 +50,23 @@ def batches(draw):
     return tuple(list(c) for c in zip(*rows, strict=True))
 
 
-def run(cols, mode, scope, eps=1e-6, m=2):
+def run(cols, mode, scope, eps=1e-6, m=2, stats="paper"):
     s, g, t, a, turn = cols
     with np.errstate(divide="raise", invalid="raise"):
         return compute_advantages_with_stats(
-            s, g, t, a, mode=mode, scope=scope, eps=eps, turn_ids=turn, min_turn_samples=m
+            s, g, t, a, mode=mode, scope=scope, eps=eps, turn_ids=turn, min_turn_samples=m, stats=stats
         )
 
 
-def _stats(values):
+def _stats(values, stats="paper"):
+    if stats == "reference" and len(values) == 1:
+        return 0.0, 1.0  # the reference code's one-value rule
     mu = statistics.fmean(values)
-    sd = statistics.pstdev(values)
+    sd = statistics.stdev(values) if stats == "reference" else statistics.pstdev(values)
     return mu, (0.0 if sd <= 1e-12 * max(1.0, abs(mu)) else sd)
 
 
-def reference(cols, mode, scope, eps, m):
+def reference(cols, mode, scope, eps, m, stats="paper"):
     """The formulas of docs/advantages.md as plain loops: (advantages, statistics key of each sample)."""
     s, g, t, a, turn = cols
     n = len(s)
@@ -77,7 +79,10 @@ def reference(cols, mode, scope, eps, m):
     glob = defaultdict(list)
     for k, v in r.items():
         glob["*" if scope == "batch" else k[0]].append(v)
-    glob_stats = {k: _stats(v) for k, v in glob.items()}
+    glob_stats = {k: _stats(v, stats) for k, v in glob.items()}
+    turn_pool = defaultdict(list)  # every turn's score of the group (sigma_s of agent_mean)
+    for i in range(n):
+        turn_pool[where[i]].append(s[i])
     agent_pool = defaultdict(list)
     for i in range(n):
         agent_pool[(where[i], a[i])].append(s[i])
@@ -102,11 +107,12 @@ def reference(cols, mode, scope, eps, m):
     adv = []
     for i in range(n):
         mu, sigma = glob_stats[where[i]]
-        mu_k, sigma_k = _stats(pools[key[i]])
+        mu_k, sigma_k = _stats(pools[key[i]], stats)
+        sigma_s = _stats(turn_pool[where[i]], stats)[1]
         num, div = {
             "grpo": (r[traj[i]] - mu, sigma),
             "drmas": (s[i] - mu_k, sigma_k),
-            "agent_mean": (s[i] - mu_k, sigma),
+            "agent_mean": (s[i] - mu_k, sigma_s),
             "agent_std": (s[i] - mu, sigma_k),
         }[mode]
         adv.append(0.0 if div == 0.0 else num / (div + eps))
@@ -114,11 +120,17 @@ def reference(cols, mode, scope, eps, m):
 
 
 @THOROUGH
-@given(combo=combos, cols=batches(), eps=st.sampled_from([0.0, 1e-6]), m=st.integers(1, 4))
-def test_every_sample_lands_in_exactly_one_group_and_gets_the_reference_advantage(combo, cols, eps, m):
+@given(
+    combo=combos,
+    cols=batches(),
+    eps=st.sampled_from([0.0, 1e-6]),
+    m=st.integers(1, 4),
+    stats=st.sampled_from(STATS),
+)
+def test_every_sample_lands_in_exactly_one_group_and_gets_the_reference_advantage(combo, cols, eps, m, stats):
     mode, scope = combo
-    res = run(cols, mode, scope, eps, m)
-    expected, keys = reference(cols, mode, scope, eps, m)
+    res = run(cols, mode, scope, eps, m, stats)
+    expected, keys = reference(cols, mode, scope, eps, m, stats)
     assert res.advantages.shape == res.stat_group.shape == (len(cols[0]),)
     # the codes and the reference keys define the same partition of the samples
     pairs = set(zip(res.stat_group.tolist(), keys, strict=True))

@@ -115,12 +115,16 @@ def test_min_turn_samples():
 
 def test_the_mixed_modes_use_the_turn_cells():
     adv = _by_row(_run("agent_mean").advantages)
-    # (s - mu_{k,p}) / sigma and (s - mu) / sigma_{k,p}, mu and sigma over A's trajectory means
+    # (s - mu_{k,p}) / sigma_s and (s - mu) / sigma_{k,p}; sigma_s over A's ten turn scores (7 ones, 3 zeros):
+    # mean 0.7, population std sqrt(0.7 * 0.3) = 0.458258; A's verifier cell [1, 1, 1, 0] has mu 0.75:
+    # -0.75 / 0.458258 = -1.636634
+    assert adv[("A", 3, "verifier", 1)] == pytest.approx(-1.636634, abs=1e-5)
+    assert adv[("A", 3, "verifier", 1)] == pytest.approx(-0.75 / (math.sqrt(0.21) + EPS), rel=1e-12)
+    # mu and sigma_{k,p}: mu over A's trajectory means
     r = {}
     for grp, tr, _, _, sc in ROWS:
         r.setdefault((grp, tr), []).append(sc)
     r_a = np.array([np.mean(v) for (grp, _), v in sorted(r.items()) if grp == "A"])
-    assert adv[("A", 3, "verifier", 1)] == pytest.approx(-0.75 / (r_a.std() + EPS), rel=1e-12)
     adv = _by_row(_run("agent_std").advantages)
     assert adv[("A", 3, "verifier", 1)] == pytest.approx((0.0 - r_a.mean()) / (V_STD + EPS), rel=1e-12)
 

@@ -104,8 +104,14 @@ def test_tiny_end_to_end_train_then_eval(tmp_path):
             and r["charts/skipped/shared"] == 0
             and len(r["tasks"]) == 1
         )
-        # the Lemma 4.2 statistics are logged every step for every agent (null where undefined: flat rewards)
-        assert {"lemma/factor/solver", "lemma/defined_frac/verifier"} <= set(r)
+        # the Lemma 4.2 statistics and the LLD probe are logged every step for every agent (null where
+        # undefined: flat rewards, no success)
+        assert {
+            "lemma/factor/solver",
+            "lemma/noise_share/verifier",
+            "lemma/defined_frac/verifier",
+            "lld/success_logp/solver",
+        } <= set(r)
     evals = [r for r in records if "eval/avg@2" in r]
     assert [r["step"] for r in evals] == [0, 2] and "eval/gsm8k/pass@2" in evals[0]  # step 0: before training
     assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step-000001", "step-000002"]

@@ -1013,7 +1013,12 @@ PAPER_RUN_AT_DDC0558 = {
 
 
 # Settings added since ddc0558 (role/turn credit, episode records), at defaults that change nothing of a run
-ADDED_SINCE_DDC0558 = {"advantage_turn_min_samples": 2, "log_episodes": 4, "log_eval_episodes": 16}
+ADDED_SINCE_DDC0558 = {
+    "advantage_turn_min_samples": 2,
+    "advantage_stats": "paper",
+    "log_episodes": 4,
+    "log_eval_episodes": 16,
+}
 # dtype pinned to float32 (bf16 learned less on a CPU with native bf16): ddc0558's "auto" was fp32 on every CPU
 PLAIN_RUN_AT_DDC0558 = {**PLAIN_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558, "dtype": "float32"}
 PAPER_RUN_AT_DDC0558 = {**PAPER_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558}
@@ -1045,7 +1050,8 @@ def test_plain_run_resolves_to_the_laptop_setting_of_ddc0558_and_the_paper_setti
 def test_help_shows_what_a_plain_run_does_laptop_setting(capsys, monkeypatch):
     from mas_train.config import LAPTOP_DEFAULTS
 
-    for env in ("search-3agent", "search-1agent"):  # the math envs' notes alone (search ones: their own test)
+    # the math-2agent/math-1agent notes alone (search's: their own test; math-fixer's: tests/train/test_fixer_setting.py)
+    for env in ("search-3agent", "search-1agent", "math-fixer"):
         monkeypatch.delitem(LAPTOP_DEFAULTS, env)
     with pytest.raises(SystemExit):
         parse_args(["--help"])
@@ -1072,6 +1078,7 @@ def test_a_laptop_setting_for_another_env_is_data_only_laptop_setting(monkeypatc
         LAPTOP_DEFAULTS, "search-1agent", {"max_steps": 9, "sampling": {"max_new_tokens": 64}}
     )
     monkeypatch.delitem(LAPTOP_DEFAULTS, "search-3agent")
+    monkeypatch.delitem(LAPTOP_DEFAULTS, "math-fixer")
     cfg = parse_args(["--env", "search-1agent"])
     assert (cfg.max_steps, cfg.sampling.max_new_tokens, cfg.num_generations) == (9, 64, 4)
     assert parse_args(["--env", "search-1agent", "--train_data", "x.jsonl"]).max_steps == 6

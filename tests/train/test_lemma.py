@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mas_train.advantages import compute_advantages
-from mas_train.lemma_stats import lemma_factors, lemma_metrics
+from mas_train.lemma_stats import lemma_factors, lemma_metrics, lld_metrics, noise_share, success_logp
 from mas_train.tools.lemma import Kind, LemmaSetup, measure, predict, sweep_setup
 
 # Three task groups; no penalties, so a turn's score is its trajectory's R.
@@ -64,11 +64,62 @@ def test_lemma_metrics_names_and_undefined_agent():
     m = lemma_metrics(SCORES + [0.0], GROUPS + ["C"], TRAJS + ["t2"], AGENTS + ["judge"])
     assert set(m) == {
         f"lemma/{k}/{a}"
-        for k in ("factor", "mu_k", "sigma_k", "mu", "sigma", "defined_frac")
+        for k in ("factor", "noise_share", "mu_k", "sigma_k", "mu", "sigma", "defined_frac")
         for a in ("solver", "verifier", "judge")
     }
     assert m["lemma/factor/verifier"] == pytest.approx(14 / 9)
     assert math.isnan(m["lemma/factor/judge"]) and m["lemma/defined_frac/judge"] == 0.0
+    assert m["lemma/noise_share/verifier"] == pytest.approx(41 / 57)
+    assert math.isnan(m["lemma/noise_share/judge"])
+
+
+def test_noise_share_hand_computed_batch():
+    st = lemma_factors(SCORES, GROUPS, TRAJS, AGENTS)
+    # solver: mu_k = mu in A and B (it acts once per trajectory): no offset -> 0
+    assert st["solver"].noise_share == 0.0
+    # verifier A: offset (1 - 0.5)^2 = 0.25, sigma_k = 0 -> 0.25 / 0.25 = 1
+    # verifier B: offset (2/3 - 1/4)^2 = 25/144, sigma_k^2 = 2/9 = 32/144 -> 25/57 = 0.438596
+    # C is undefined (sigma = 0) and left out, as for the factor: (1 + 25/57) / 2 = 41/57 = 0.719298
+    assert st["verifier"].noise_share == pytest.approx(0.719298, abs=1e-6)
+    assert st["verifier"].noise_share == pytest.approx(41 / 57, rel=1e-12)
+
+
+def test_noise_share_formula_and_zero_denominator():
+    # (mu_k - mu)^2 / (sigma_k^2 + (mu_k - mu)^2): offset 0.09, spread 0.16 -> 0.09 / 0.25 = 0.36;
+    # a pure offset -> 1; no offset and no spread (denominator 0) -> 0, not NaN
+    out = noise_share(np.array([0.8, 1.0, 0.5]), np.array([0.4, 0.0, 0.0]), np.array([0.5, 0.25, 0.5]))
+    np.testing.assert_allclose(out, [0.36, 1.0, 0.0], rtol=1e-12)
+    # in a batch: r = [1, 0, 0.5], agent k acts only in the trajectory with r = mu = 0.5 -> share 0, factor 0
+    st = lemma_factors([1.0, 0.0, 0.5], [0, 0, 0], [0, 1, 2], ["a", "a", "k"])
+    assert st["k"].noise_share == 0.0 and st["k"].factor == 0.0
+    # and a = [1, 0]: mu_k = 0.5, sigma_k = 0.5 -> offset 0 -> 0
+    assert st["a"].noise_share == 0.0
+
+
+def test_success_logp_hand_computed():
+    agents = ["a", "a", "a", "b", "c", "c"]
+    success = [True, True, False, False, True, True]
+    logprobs = [[-0.5, -1.5], [-1.0], [-9.0], [-0.1], [], [-2.0, -4.0]]
+    # a: its successful turns' tokens [-0.5, -1.5, -1.0] -> -3.0 / 3 = -1.0 (the failed turn's -9 left out);
+    # b: no successful turn -> NaN; c: the empty completion adds no token -> (-2 - 4) / 2 = -3.0
+    out = success_logp(agents, success, logprobs)
+    assert list(out) == ["a", "b", "c"]
+    assert out["a"] == pytest.approx(-1.0, rel=1e-12) and out["c"] == pytest.approx(-3.0, rel=1e-12)
+    assert math.isnan(out["b"])
+    # token-weighted, not turn-weighted: turns [-1, -1, -1] and [-4] -> -7 / 4 = -1.75 (the mean of the
+    # per-turn means would be -2.5)
+    assert success_logp(["x", "x"], [True, True], [[-1.0, -1.0, -1.0], [-4.0]])["x"] == pytest.approx(-1.75)
+    m = lld_metrics(agents, success, logprobs)
+    assert set(m) == {"lld/success_logp/a", "lld/success_logp/b", "lld/success_logp/c"}
+    assert m["lld/success_logp/a"] == pytest.approx(-1.0)
+
+
+def test_success_logp_rejects_bad_input():
+    with pytest.raises(ValueError, match="one entry per turn"):
+        success_logp(["a"], [True, False], [[-1.0]])
+    with pytest.raises(ValueError, match="NaN/inf log-probability"):
+        success_logp(["a"], [True], [[-1.0, float("nan")]])
+    assert success_logp([], [], []) == {}
 
 
 def test_lemma_factor_uses_the_reward_grpo_gives_each_turn():

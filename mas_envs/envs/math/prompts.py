@@ -14,6 +14,22 @@ VERIFIER_SYSTEM = (
     "You are the verifier on a two-agent team (a solver and a verifier) that solves math problems together."
 )
 SOLVER_SYSTEM_1AGENT = "You are a careful mathematician who solves problems step by step."
+# math-fixer (paper style)
+PROPOSER_SYSTEM = (
+    "You are the proposer on a two-agent team (a proposer and a fixer) that solves math problems together. "
+    "A grader checks your answer; if it is wrong, the fixer repairs it."
+)
+FIXER_SYSTEM = (
+    "You are the fixer on a two-agent team (a proposer and a fixer) that solves math problems together. "
+    "You are called only when the grader found the latest answer wrong."
+)
+FIXER_ENTRY = "## {who}\n{text}\n\nGrader: incorrect."
+FIXER_TASK = (
+    "# Your task\n"
+    "Every answer in the team history was graded incorrect. Find the mistake and solve the problem again, "
+    "step by step, with a different final answer. Put your final answer in \\boxed{{}} at the end, for example "
+    "\\boxed{{42}}."
+)
 
 PROBLEM = "# Problem\n{question}"
 HISTORY_HEADER = "# Team history"
@@ -66,5 +82,9 @@ FEWSHOT_VERIFIER_EXAMPLES = (
     ("What is 6 + 1?", "6 + 1 = 8. \\boxed{8}", "6 + 1 = 7, so 8 is wrong. <verify>reject</verify>"),
     ("What is 9 - 5?", "9 - 5 = 4. \\boxed{4}", "4 is correct. <verify>approve</verify>"),
 )
+# math-fixer's fixer (fewshot): one worked repair between the solver examples and the live problem. Without it
+# SmolLM2-135M mostly repeated the rejected answer: on 20 one-digit +/- problems x 4 (T = 0.7, same seed) it
+# repaired 2 of 24 wrong proposals (team success 0.725); with it 6 of 24 (0.775).
+FEWSHOT_REPAIR_EXAMPLE = ("What is 6 - 9?", "6 - 9 = 3. \\boxed{3}", "6 - 9 = -3. \\boxed{-3}")
 # The verifier sees at most this many characters of the solver's latest answer (its end, where the box is).
 FEWSHOT_ANSWER_CHARS = 400
