@@ -382,7 +382,7 @@ class TrainConfig:
         """YAML text of :meth:`to_dict`; also written to ``path`` when given."""
         import yaml
 
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text: str = yaml.safe_dump(self.to_dict(), sort_keys=False)
         if path is not None:
             Path(path).write_text(text)
         return text

@@ -10,8 +10,13 @@ lets the driver compare a group's weights without moving them. Placement and the
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from mas_train.backends.base import GenerationOutput, SamplingParams
+    from mas_train.rollout import Sample
 
 __all__ = ["ModelGroupActor", "PoolTimeouts", "RayWorkerHandle", "bounded_get", "parameter_fingerprint"]
 
@@ -150,13 +155,26 @@ class RayWorkerHandle:
     def weight_version(self) -> int:
         return int(self._get(self.actor.get.remote("weight_version"), f"{self.group}.weight_version"))
 
-    def generate(self, prompt_ids, sampling):
-        return self._call("generate", prompt_ids, sampling)
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationOutput]:
+        outs: list[GenerationOutput] = self._call("generate", prompt_ids, sampling)
+        return outs
 
-    def generate_messages(self, messages, sampling):
-        return self._call("generate_messages", messages, sampling)
+    def generate_messages(
+        self,
+        messages: Sequence[Sequence[Mapping[str, str]]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+    ) -> list[GenerationOutput]:
+        outs: list[GenerationOutput] = self._call("generate_messages", messages, sampling)
+        return outs
 
-    def generate_mixed(self, prompt_ids, sampling, workers):
+    def generate_mixed(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+        workers: Sequence[object],
+    ) -> list[GenerationOutput]:
         """Never possible across actors (:attr:`mixed_batch_key` is ``None``).
 
         Raises:
@@ -170,8 +188,13 @@ class RayWorkerHandle:
     def usage(self) -> dict[str, float]:
         return dict(self._get(self.actor.get.remote("usage"), f"{self.group}.usage"))
 
-    def update(self, samples, advantages, **kwargs):
-        return self._call("update", samples, advantages, **kwargs)
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool = False
+    ) -> dict[str, float]:
+        metrics: dict[str, float] = self._call(
+            "update", samples, advantages, agent_grad_norms=agent_grad_norms
+        )
+        return metrics
 
     def sync_weights(self) -> int:
         return int(self._call("sync_weights"))
@@ -187,7 +210,8 @@ class RayWorkerHandle:
 
     def fingerprint(self) -> dict[str, Any]:
         """:func:`parameter_fingerprint` of this group's policy, computed in the actor (no weights travel)."""
-        return self._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
+        fp: dict[str, Any] = self._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
+        return fp
 
     def close(self) -> None:
         self._call("close")

@@ -12,12 +12,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mas_train.backends.server import free_port
 from mas_train.hosting.sharded_rank import DEFAULT_TIMEOUT_S, Rank, RankFailure
+from mas_train.net import free_port
+
+if TYPE_CHECKING:
+    from mas_train.config import ResolvedConfig
+    from mas_train.rollout import Sample
 
 __all__ = ["RayRanks"]
 
@@ -73,10 +78,19 @@ class _RankActor:
         host = f"[{ip}]" if ":" in ip else ip
         return f"tcp://{host}:{free_port(ip)}"
 
-    def setup(self, resolved, group: str, rank: int, world: int, init_method: str, timeout_s: float, gpu):
+    def setup(
+        self,
+        resolved: ResolvedConfig,
+        group: str,
+        rank: int,
+        world: int,
+        init_method: str,
+        timeout_s: float,
+        gpu: int | None,
+    ) -> None:
         self.rank = Rank(resolved, group, rank, world, init_method, timeout_s, gpu=gpu)
 
-    def call(self, cmd: str, *args):
+    def call(self, cmd: str, *args: object) -> object:
         return getattr(self.rank, cmd)(*args)
 
     def close(self) -> None:
@@ -114,10 +128,10 @@ class RayRanks:
 
     def __init__(
         self,
-        resolved,
+        resolved: ResolvedConfig,
         group: str,
         *,
-        placement_group,
+        placement_group: Any,
         bundle_indices: list[int],
         resources: dict[str, float] | None = None,
         env_vars: dict[str, str] | None = None,
@@ -224,7 +238,9 @@ class RayRanks:
             rank=rank,
         )
 
-    def _wait(self, refs: list, cmd: str, timeout_s: float, rank_of=None) -> list[Any]:
+    def _wait(
+        self, refs: list[Any], cmd: str, timeout_s: float, rank_of: Callable[[int], int] | None = None
+    ) -> list[Any]:
         """Every ref's result, in order; the first rank that died, raised or ran past ``timeout_s`` fails."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
@@ -254,7 +270,9 @@ class RayRanks:
                     self._fail(rank_of(i), f"failed during {cmd}: {type(cause).__name__}: {cause}", str(e))
         return out
 
-    def _dead(self, pending: dict, rank_of, wait_s: float = 5.0) -> int | None:
+    def _dead(
+        self, pending: dict[Any, int], rank_of: Callable[[int], int], wait_s: float = 5.0
+    ) -> int | None:
         """A rank among ``pending`` whose actor is gone, waiting up to ``wait_s`` for their answers."""
         import ray
         from ray.exceptions import RayActorError
@@ -271,7 +289,7 @@ class RayRanks:
                 pass
         return None
 
-    def call(self, cmd: str, *args) -> list[Any]:
+    def call(self, cmd: str, *args: object) -> list[Any]:
         """Run ``cmd`` on every rank (a method of :class:`Rank`: ``update``, ``state_dict``, ``save``,
         ``load``, ``sizes``) and return each rank's result, rank 0 first.
 
@@ -287,9 +305,10 @@ class RayRanks:
         refs = [a.call.remote(cmd, *shared) for a in self._actors]
         return self._wait(refs, cmd, self.call_timeout_s)
 
-    def update(self, samples, advantages) -> dict[str, float]:
+    def update(self, samples: Sequence[Sample], advantages: Sequence[float]) -> dict[str, float]:
         """See :meth:`ShardedRanks.update`."""
-        return self.call("update", list(samples), [float(a) for a in advantages])[0]
+        metrics: dict[str, float] = self.call("update", list(samples), [float(a) for a in advantages])[0]
+        return metrics
 
     def sizes(self) -> list[dict[str, int]]:
         """See :meth:`ShardedRanks.sizes`."""
@@ -298,7 +317,8 @@ class RayRanks:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """See :meth:`ShardedRanks.full_state_dict` (rank 0's gathered copy travels through Ray's object
         store)."""
-        return self.call("state_dict")[0]
+        sd: dict[str, torch.Tensor] = self.call("state_dict")[0]
+        return sd
 
     def save(self, folder: str) -> int:
         """See :meth:`ShardedRanks.save` (``folder`` must be on rank 0's node: the worker's when they share a
