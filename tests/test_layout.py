@@ -190,3 +190,50 @@ def test_group_trainer_is_gone_and_the_wings_are_folders():
     assert not (ROOT / "mas_train" / "group_trainer.py").exists()
     for pkg in ("hosting", "grpo", "tools", "backends/hf"):
         assert (ROOT / "mas_train" / pkg / "__init__.py").is_file(), pkg
+
+
+def _tool_importers(graph: dict[str, set[str]], allowed: set[str]) -> list[str]:
+    return sorted(
+        f"{a} -> {b}"
+        for a, deps in graph.items()
+        for b in deps
+        if b.startswith("mas_train.tools") and not a.startswith("mas_train.tools") and a not in allowed
+    )
+
+
+def test_the_run_layer_imports_no_tool():
+    """``mas_train.tools`` (plots, report, compare) sits above the run: the run layer hands end-of-run work in as
+    ``mas_train.run.EndOfRun`` and only the command line (``cli.py``) picks the tools' implementation."""
+    planted = {"mas_train.run": {"mas_train.tools.plots"}, "mas_train.cli": {"mas_train.tools.finish"}}
+    assert _tool_importers(planted, {"mas_train.cli"}) == ["mas_train.run -> mas_train.tools.plots"]
+    graph = _graph()
+    assert "mas_train.tools.finish" in graph["mas_train.cli"]  # the test sees imports inside functions
+    assert _tool_importers(graph, {"mas_train.cli"}) == []
+
+
+def test_one_assembly_path_and_a_trainer_that_builds_nothing():
+    """mas-train (run.py), mas-eval (cli.py) and the trainer's tests assemble through mas_train.assemble; the
+    trainer imports no pool, collector, start-up or task loader to build one itself."""
+    graph = _graph()
+    assert "mas_train.assemble" in graph["mas_train.run"] and "mas_train.assemble" in graph["mas_train.cli"]
+    builders = {
+        "mas_train.hosting.pools",
+        "mas_train.hosting.ray_pool",
+        "mas_train.rollout",
+        "mas_train.startup",
+    }
+    assert graph["mas_train.trainer"] & builders == set()
+    for name in ("mas_train.run", "mas_train.cli"):
+        assert graph[name] & {"mas_train.hosting.pools", "mas_train.rollout"} == set(), name
+
+
+def test_the_grader_workers_folder_shadows_no_standard_module():
+    """The math grader's worker runs ``mas_envs/rewards/_worker.py`` as a script, so its folder is first on the
+    worker's ``sys.path``: a file there named like a standard module (it once held ``math.py``) would replace
+    that module for SymPy."""
+    import sys
+
+    folder = ROOT / "mas_envs" / "rewards"
+    assert (folder / "_worker.py").is_file()
+    names = {p.stem for p in folder.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert sorted(names & set(sys.stdlib_module_names)) == []

@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mas_train.tools.compare_report import (
     EVAL_KEY,
@@ -50,6 +50,9 @@ from mas_train.tools.compare_report import (
     summarize_run,
 )
 from mas_train.tools.plots import load_run
+
+if TYPE_CHECKING:
+    from mas_train.config import TrainConfig
 
 __all__ = [
     "RunSummary",
@@ -68,12 +71,14 @@ _RESERVED = ("--advantage_mode", "--seed", "--output_dir", "--run_name", "--resu
 
 
 # -- training side ---------------------------------------------------------------------------------------------
-def train_one(cfg) -> dict[str, Any]:
-    """Train one configuration to ``max_steps`` (:func:`mas_train.run.train`); returns its summary (with
+def train_one(cfg: TrainConfig) -> dict[str, Any]:
+    """Train one configuration to ``max_steps`` as ``mas-train`` does (:func:`mas_train.run.train` with
+    :func:`mas_train.tools.finish.end_of_run`: plots and report included); returns its summary (with
     ``run_dir``)."""
     from mas_train.run import train
+    from mas_train.tools.finish import end_of_run
 
-    return train(cfg, progress=False)
+    return train(cfg, progress=False, end_of_run=end_of_run())
 
 
 #: Settings in which an existing run may differ from the one mas-compare would launch and still be reused: where
@@ -95,7 +100,7 @@ REUSABLE_DIFFERENCES = frozenset(
 )
 
 
-def config_mismatch(run_dir: str | Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
+def config_mismatch(run_dir: str | Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
     """The settings in which the run saved in ``run_dir`` (its ``config.yaml``) differs from ``cfg``, the run
     mas-compare would launch there, beyond :data:`REUSABLE_DIFFERENCES` and a larger ``max_steps``; ``{}`` when
     it can be reused (or has no ``config.yaml``).
@@ -106,7 +111,7 @@ def config_mismatch(run_dir: str | Path, cfg: Any) -> dict[str, tuple[Any, Any]]
     Raises:
         ConfigError: the saved ``config.yaml`` cannot be read.
     """
-    from mas_train.config import TrainConfig, config_diff
+    from mas_train.config import config_diff
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
@@ -155,7 +160,7 @@ def run_comparison(
     seeds: Sequence[int],
     out_dir: str | Path,
     *,
-    train_fn: Callable[[Any], dict[str, Any]] | None = None,
+    train_fn: Callable[[TrainConfig], dict[str, Any]] | None = None,
     log: Callable[[str], None] = print,
     pool: str = "local",
     run_cpus: float = 1.0,
