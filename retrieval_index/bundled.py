@@ -1,6 +1,6 @@
 """The bundled HotpotQA default: questions, their Wikipedia paragraphs as a corpus, and precomputed embeddings.
 
-Files (``mas_envs/data/hotpotqa/``, shipped as package data of ``mas_envs``; CC BY-SA 4.0, see ``NOTICE.md``)::
+Files (``mas_envs/bundled/hotpotqa/``, shipped as package data of ``mas_envs``; CC BY-SA 4.0, see ``NOTICE.md``)::
 
     hotpotqa_train.jsonl  the first 100 of 150 HotpotQA dev (distractor) questions: id, question,
                        golden_answers, data_source, type, level, supporting_titles, supporting_ids (corpus ids
@@ -48,7 +48,7 @@ def bundled_dir() -> Path:
         raise FileNotFoundError(
             "the bundled HotpotQA files ship in the mas_envs package, which is not installed"
         )
-    return Path(spec.submodule_search_locations[0]) / "data" / "hotpotqa"
+    return Path(spec.submodule_search_locations[0]) / "bundled" / "hotpotqa"
 
 
 def bundled_corpus_path() -> Path:
@@ -136,7 +136,7 @@ def make_hotpotqa_bundle(
     Args:
         questions_src: HotpotQA distractor-setting JSONL (``hotpotqa/dev_distractor_ctx1100.jsonl`` of the shared data).
         corpus_src: paragraph corpus holding every context paragraph (``corpus/multihop_wiki_corpus.jsonl`` of the shared data).
-        out_dir: destination (normally ``mas_envs/data/hotpotqa``).
+        out_dir: destination (normally ``mas_envs/bundled/hotpotqa``).
         num_questions: how many questions, taken in file order.
         batch_size: passages per encoder call.
 
