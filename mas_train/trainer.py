@@ -47,6 +47,7 @@ from mas_train.tasks import TaskSampler
 
 if TYPE_CHECKING:
     from mas_train.assemble import RunParts
+    from mas_train.tracking import RunLogger
 
 __all__ = ["MultiGroupTrainer"]
 
@@ -247,7 +248,7 @@ class MultiGroupTrainer:
     # -- the loop -------------------------------------------------------------------------------------------
     def fit(
         self,
-        logger: Any,
+        logger: RunLogger,
         *,
         progress: bool = True,
         say: Callable[[str], None] = print,

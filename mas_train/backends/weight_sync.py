@@ -19,6 +19,8 @@ from mas_train.backends.checks import named_tensor_list
 if TYPE_CHECKING:
     import torch
 
+    from mas_train.config import LoraConfig
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["LoRAAdapterSync", "load_initial_adapter", "write_hf_checkpoint", "write_peft_adapter"]
@@ -76,7 +78,7 @@ def write_hf_checkpoint(
 def write_peft_adapter(
     named_tensors: Sequence[tuple[str, torch.Tensor]],
     adapter_name: str,
-    lora: Any,
+    lora: LoraConfig,
     out_dir: str | os.PathLike,
 ) -> Path:
     """Write one adapter's tensors as a PEFT adapter folder (what SGLang's and vLLM's ``load_lora_adapter`` read).

@@ -10,13 +10,14 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import field
-from typing import Any
+from typing import Any, Protocol
 
 from mas_train.advantages import MODES as ADVANTAGE_MODES
 from mas_train.advantages import SCOPES as ADVANTAGE_SCOPES
 from mas_train.backends import BACKEND_KINDS
 
 __all__ = [
+    "OptimSettings",
     "ADVANTAGE_MODES",
     "ADVANTAGE_SCOPES",
     "BACKENDS",
@@ -156,7 +157,22 @@ LR_SCHEDULER_TYPES = (
 )
 
 
-def check_optim(where: str, obj: Any) -> None:
+class OptimSettings(Protocol):
+    """The optimisation settings a config level sets (``None``: inherited from the level above)."""
+
+    @property
+    def learning_rate(self) -> float | None: ...
+    @property
+    def weight_decay(self) -> float | None: ...
+    @property
+    def max_grad_norm(self) -> float | None: ...
+    @property
+    def warmup_steps(self) -> float | None: ...
+    @property
+    def lr_scheduler_type(self) -> str | None: ...
+
+
+def check_optim(where: str, obj: OptimSettings) -> None:
     lr, wd, gn, wu = obj.learning_rate, obj.weight_decay, obj.max_grad_norm, obj.warmup_steps
     sched = obj.lr_scheduler_type
     if sched is not None and sched not in LR_SCHEDULER_TYPES:

@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from mas_train.backends.base import GenerationOutput, SamplingParams
+    from mas_train.config import ResolvedConfig
     from mas_train.rollout import Sample
 
 __all__ = ["ModelGroupActor", "PoolTimeouts", "RayWorkerHandle", "bounded_get", "parameter_fingerprint"]
 
 
-def parameter_fingerprint(model: Any) -> dict[str, Any]:
+def parameter_fingerprint(model: torch.nn.Module) -> dict[str, float | int | str]:
     """A fingerprint of a model's weights: ``sha256`` of every parameter's bytes (in ``named_parameters``
     order; equal iff bit-identical), ``sum`` and ``abs_sum`` in float64 (for tolerance comparisons) and the
     parameter count ``numel``."""
@@ -69,7 +72,12 @@ class ModelGroupActor:
     """The Ray actor body: a :class:`~mas_train.hosting.worker.ModelGroupWorker` plus generic call/get."""
 
     def __init__(
-        self, resolved: Any, group: str, cwd: str, num_threads: int, ranks: dict[str, Any] | None = None
+        self,
+        resolved: ResolvedConfig,
+        group: str,
+        cwd: str,
+        num_threads: int,
+        ranks: dict[str, Any] | None = None,
     ) -> None:
         import functools
 
