@@ -22,9 +22,9 @@ folder (the worker writes ``state.json``; the policy the rest): ``model/`` (Hugg
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast, runtime_checkable
 
 import torch
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from mas_train.config import LoraConfig
 
 __all__ = [
+    "GroupState",
     "FrozenLoraPolicy",
     "FrozenPolicy",
     "FullPolicy",
@@ -55,6 +56,21 @@ __all__ = [
 ]
 
 Tensors = dict[str, torch.Tensor]
+
+
+class GroupState(TypedDict, total=False):
+    """A model group's ``state.json`` in its checkpoint folder: the worker's entries (``updates``, ``group``,
+    ``agents``, ``model``, ``trainable``, ``lora``) and its policy's (``global_step`` of a TRL trainer,
+    ``num_ranks`` of a sharded group)."""
+
+    updates: int
+    group: str
+    agents: list[str]
+    model: str
+    trainable: bool
+    lora: bool
+    global_step: int
+    num_ranks: int
 
 
 @runtime_checkable
@@ -100,11 +116,11 @@ class GroupPolicy(Protocol):
         """The tensors a weight sync pushes to the backend (state-dict or PEFT names); ``None``: nothing."""
         ...
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         """Write the policy's files under ``folder``; returns extra ``state.json`` entries."""
         ...
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         """Load what :meth:`save` wrote (``state``: the folder's ``state.json``), with the optimizer state when
         ``optimizer``; returns the tensors to push to the backend, ``None`` when nothing was loaded.
 
@@ -124,7 +140,7 @@ def require_files(folder: Path, group: str, *names: str) -> None:
             raise FileNotFoundError(f"checkpoint of group {group!r} lacks {folder / name}")
 
 
-def check_weights_kind(state: Mapping[str, Any], group: str, *, lora_policy: bool) -> None:
+def check_weights_kind(state: GroupState, group: str, *, lora_policy: bool) -> None:
     if bool(state.get("lora", False)) != lora_policy:
         saved, mine = ("a LoRA adapter", "full") if state.get("lora") else ("full weights", "LoRA")
         raise RuntimeError(
@@ -158,13 +174,13 @@ def load_full_weights(module: torch.nn.Module, folder: Path, group: str, model_p
         )
 
 
-def save_trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> dict[str, Any]:
+def save_trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> GroupState:
     torch.save(trainer.optimizer.state_dict(), folder / "optimizer.pt")
     torch.save(trainer.lr_scheduler.state_dict(), folder / "scheduler.pt")
     return {"global_step": trainer.state.global_step}
 
 
-def _loadsave_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: Mapping[str, Any]) -> None:
+def _loadsave_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: GroupState) -> None:
     trainer.optimizer.load_state_dict(load_state(folder / "optimizer.pt"))
     trainer.lr_scheduler.load_state_dict(load_state(folder / "scheduler.pt"))
     trainer.state.global_step = int(state["global_step"])
@@ -198,10 +214,10 @@ class RemotePolicy:
     def parameters_for_sync(self) -> Tensors | None:
         return None
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         return {}
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         return None
 
     def close(self) -> None:
@@ -236,10 +252,10 @@ class FrozenPolicy:
     def parameters_for_sync(self) -> Tensors | None:
         return None
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         return {}
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
             return None  # saved frozen: the weights are the model setting's
         check_weights_kind(state, self.group, lora_policy=False)
@@ -282,7 +298,7 @@ class FullPolicy:
     def parameters_for_sync(self) -> Tensors | None:
         return cast(Tensors, self.module.state_dict())
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         out = folder / "model"
         out.mkdir(exist_ok=True)
         with hf_progress_bars_off():
@@ -290,7 +306,7 @@ class FullPolicy:
             self.tokenizer.save_pretrained(out)
         return save_trainer_state(self.trainer, folder)
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         check_weights_kind(state, self.group, lora_policy=False)
         if optimizer:
             require_files(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
@@ -348,7 +364,7 @@ class LoraPolicy:
     def parameters_for_sync(self) -> Tensors | None:
         return lora.adapter_state(self.shared_base, self.group)
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         out = folder / "adapter"
         out.mkdir(exist_ok=True)
         with hf_progress_bars_off():
@@ -356,7 +372,7 @@ class LoraPolicy:
             self.tokenizer.save_pretrained(out)
         return save_trainer_state(self.trainer, folder)
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
             return None
         check_weights_kind(state, self.group, lora_policy=True)
@@ -397,10 +413,10 @@ class FrozenLoraPolicy:
     def parameters_for_sync(self) -> Tensors | None:
         return None
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         return {}
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
             return None  # saved frozen: its adapter is the initial one
         check_weights_kind(state, self.group, lora_policy=True)

@@ -35,13 +35,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from mas_train.hosting.policy import Tensors, check_weights_kind, load_full_weights, require_files
+from mas_train.hosting.policy import GroupState, Tensors, check_weights_kind, load_full_weights, require_files
 from mas_train.hosting.sharded_rank import DEFAULT_TIMEOUT_S, RankFailure, rank_main
 from mas_train.models import hf_progress_bars_off
 from mas_train.net import free_port
@@ -278,7 +278,7 @@ class ShardedPolicy:
         self.generation_model.load_state_dict(sd, strict=False)
         return sd
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         out = folder / "model"
         out.mkdir(exist_ok=True)
         self.parameters_for_sync()
@@ -287,7 +287,7 @@ class ShardedPolicy:
             self.tokenizer.save_pretrained(out)
         return {"global_step": self.ranks.save(str(folder)), "num_ranks": self.ranks.num_ranks}
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         check_weights_kind(state, self.group, lora_policy=False)
         if optimizer:
             require_files(folder, self.group, "model", "optimizer.pt", "scheduler.pt")

@@ -15,7 +15,7 @@ import json
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -29,6 +29,7 @@ from mas_train.hosting.policy import (
     FrozenPolicy,
     FullPolicy,
     GroupPolicy,
+    GroupState,
     LoraPolicy,
     RemotePolicy,
 )
@@ -253,7 +254,7 @@ class ModelGroupWorker:
         only ``state.json`` (its weights are its ``model`` setting's)."""
         path = Path(folder)
         path.mkdir(parents=True, exist_ok=True)
-        state: dict[str, Any] = {
+        state: GroupState = {
             "updates": self.updates,
             "group": self.group,
             "agents": list(self.agents),
@@ -264,10 +265,10 @@ class ModelGroupWorker:
         state.update(self.policy.save(path))
         (path / "state.json").write_text(json.dumps(state))
 
-    def _state(self, folder: Path) -> dict[str, Any]:
+    def _state(self, folder: Path) -> GroupState:
         if not (folder / "state.json").is_file():
             raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / 'state.json'}")
-        return cast("dict[str, Any]", json.loads((folder / "state.json").read_text()))
+        return cast(GroupState, json.loads((folder / "state.json").read_text()))
 
     def load_weights(self, folder: str) -> None:
         """Load the weights :meth:`save` wrote into the policy and sync the backend; no optimizer state
