@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mas_train.config import ResolvedConfig
 from mas_train.grpo.importance import SamplerCheck
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, grpo_args
@@ -400,7 +401,7 @@ class GroupGRPOTrainer(TRLGRPO):
 
 
 def build_group_trainer(
-    resolved, group: str, model, tok, device: str, *, shard: ShardPlan | None = None
+    resolved: ResolvedConfig, group: str, model, tok, device: str, *, shard: ShardPlan | None = None
 ) -> GroupGRPOTrainer:
     """The :class:`~mas_train.grpo.update.GroupGRPOTrainer` of model group ``group`` on ``model`` (trained in place):
     the group's GRPO settings, the sampling temperature of its agents, ``max_completion_length`` from their

@@ -47,7 +47,7 @@ holds the factory from typed options (:class:`~mas_train.backends.options.SGLang
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mas_train.backends.options import SGLangEngineOptions, SGLangHTTPOptions
 from mas_train.backends.sglang.engine import SGLangEngineBackend
@@ -226,4 +226,7 @@ def make_sglang_backend(
         options = build_options(kind, options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"model_groups.{name}.backend_options: {err}") from None
-    return make_from_options(options, model, tokenizer, group)
+    # build_options gave the kind's class: SGLangEngineOptions or SGLangHTTPOptions
+    return make_from_options(
+        cast("SGLangEngineOptions | SGLangHTTPOptions", options), model, tokenizer, group
+    )
