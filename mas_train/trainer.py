@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from mas_envs.core import text_env
 from mas_train.advantages import compute_advantages_with_stats
 from mas_train.checkpoint import (
+    TrainerState,
     load_trainer_state,
     prune_checkpoints,
     rng_state,
@@ -204,7 +205,7 @@ class MultiGroupTrainer:
         return result
 
     # -- checkpoints ----------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> TrainerState:
 
         return {
             "step": self.step,
