@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mas_envs.core import EnvFactory
 from mas_train import tasks
@@ -48,8 +48,8 @@ class RunParts:
     resolved: ResolvedConfig
     env_factory: EnvFactory
     probe: AECEnv[str, str, str]
-    train_tasks: list[dict[str, Any]]
-    eval_tasks: Callable[[], list[dict[str, Any]]]
+    train_tasks: list[dict[str, object]]
+    eval_tasks: Callable[[], list[dict[str, object]]]
     pool: WorkerPool
     collector: RolloutCollector
 
@@ -61,10 +61,10 @@ class RunParts:
             self.pool.shutdown()
 
 
-def _cached(load: Callable[[], list[dict[str, Any]]]) -> Callable[[], list[dict[str, Any]]]:
-    rows: list[list[dict[str, Any]]] = []
+def _cached(load: Callable[[], list[dict[str, object]]]) -> Callable[[], list[dict[str, object]]]:
+    rows: list[list[dict[str, object]]] = []
 
-    def get() -> list[dict[str, Any]]:
+    def get() -> list[dict[str, object]]:
         if not rows:
             rows.append(load())
         return rows[0]
@@ -77,8 +77,8 @@ def assemble(
     *,
     env_factory: EnvFactory | None = None,
     probe: AECEnv[str, str, str] | None = None,
-    train_tasks: Sequence[Mapping[str, Any]] | None = None,
-    eval_tasks: Sequence[Mapping[str, Any]] | None = None,
+    train_tasks: Sequence[Mapping[str, object]] | None = None,
+    eval_tasks: Sequence[Mapping[str, object]] | None = None,
     pool: WorkerPool | None = None,
     train: bool = True,
 ) -> RunParts:
@@ -133,8 +133,8 @@ def assemble_trainer(
     *,
     env_factory: EnvFactory | None = None,
     probe: AECEnv[str, str, str] | None = None,
-    train_tasks: Sequence[Mapping[str, Any]] | None = None,
-    eval_tasks: Sequence[Mapping[str, Any]] | None = None,
+    train_tasks: Sequence[Mapping[str, object]] | None = None,
+    eval_tasks: Sequence[Mapping[str, object]] | None = None,
     pool: WorkerPool | None = None,
 ) -> MultiGroupTrainer:
     """A :class:`~mas_train.trainer.MultiGroupTrainer` on the parts :func:`assemble` builds for training (the

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def eval_sampling(
 
 def evaluate(
     collector: RolloutCollector,
-    tasks: Sequence[Mapping[str, Any]],
+    tasks: Sequence[Mapping[str, object]],
     *,
     k: int,
     sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,

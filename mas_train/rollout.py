@@ -308,7 +308,7 @@ class RolloutCollector:
 
     def collect(
         self,
-        tasks: Sequence[Mapping[str, Any]],
+        tasks: Sequence[Mapping[str, object]],
         num_generations: int,
         *,
         step: int = 0,

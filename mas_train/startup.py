@@ -91,8 +91,8 @@ class RunPlan:
     resolved: ResolvedConfig
     env_factory: EnvFactory
     probe: AECEnv[str, str, str]
-    train_tasks: list[dict[str, Any]]
-    eval_tasks: list[dict[str, Any]] | None
+    train_tasks: list[dict[str, object]]
+    eval_tasks: list[dict[str, object]] | None
     checkpoint: Path | None = None
     changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -187,7 +187,7 @@ def probe_env(cfg: TrainConfig, factory: EnvFactory) -> AECEnv[str, str, str]:
         ) from None
 
 
-def load_task_rows(what: str, loader: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def load_task_rows(what: str, loader: Callable[[], list[dict[str, object]]]) -> list[dict[str, object]]:
     """``loader()``'s rows, with a missing, unreadable or empty data source turned into one
     :class:`ConfigError` line that starts with ``what`` (and names ``data_fields`` for a missing column).
 

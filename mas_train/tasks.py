@@ -15,7 +15,7 @@ run would.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,13 +35,13 @@ class NoEvalTasksError(ConfigError):
     :class:`~mas_train.config.ConfigError`, printed as one line)."""
 
 
-def _load(source: str, fields: Mapping[str, str] | None) -> list[dict[str, Any]]:
+def _load(source: str, fields: Mapping[str, str] | None) -> list[dict[str, object]]:
     from mas_envs.data import load_tasks
 
     return list(load_tasks(source, fields=dict(fields) if fields else None))
 
 
-def train_tasks(cfg: TrainConfig, env: AECEnv[str, str, str]) -> list[dict[str, Any]]:
+def train_tasks(cfg: TrainConfig, env: AECEnv[str, str, str]) -> list[dict[str, object]]:
     """Training rows of ``cfg`` (a ``TrainConfig``) for ``env`` (a made env, wrapped or not).
 
     Raises:
@@ -62,7 +62,7 @@ def eval_source(cfg: TrainConfig, env: AECEnv[str, str, str]) -> str | None:
 
 def eval_tasks(
     cfg: TrainConfig, env: AECEnv[str, str, str], *, limit: int | None = None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Evaluation rows (the first ``limit`` when given).
 
     Raises:
@@ -97,7 +97,7 @@ class TaskSampler:
         ValueError: no tasks.
     """
 
-    def __init__(self, tasks: Sequence[Mapping[str, Any]], seed: int = 0, *, shuffle: bool = True) -> None:
+    def __init__(self, tasks: Sequence[Mapping[str, object]], seed: int = 0, *, shuffle: bool = True) -> None:
         if not tasks:
             raise ValueError("no training tasks: check train_data (or the env's default task list)")
         self.tasks = list(tasks)
@@ -113,7 +113,7 @@ class TaskSampler:
             self._order = (epoch, perm)
         return self._order[1]
 
-    def next(self, n: int) -> list[dict[str, Any]]:
+    def next(self, n: int) -> list[dict[str, object]]:
         """The next ``n`` tasks (crossing into the next epoch when needed)."""
         out = []
         for _ in range(n):

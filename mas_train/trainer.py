@@ -97,7 +97,7 @@ class MultiGroupTrainer:
 
     # -- data -----------------------------------------------------------------------------------------------
     @property
-    def eval_tasks(self) -> list[dict[str, Any]]:
+    def eval_tasks(self) -> list[dict[str, object]]:
         """Evaluation rows (the parts' source, :func:`mas_train.tasks.eval_tasks` by default), cut to
         ``eval_num_tasks``."""
         rows = self._eval_tasks()
