@@ -237,3 +237,38 @@ def test_the_grader_workers_folder_shadows_no_standard_module():
     assert (folder / "_worker.py").is_file()
     names = {p.stem for p in folder.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
     assert sorted(names & set(sys.stdlib_module_names)) == []
+
+
+def _config_params() -> list[str]:
+    """Parameters of mas_train functions that carry the run config (``cfg``, ``resolved``, ``plan``) or a part
+    of it (``group`` when it is not a name), with their annotation ("-" when there is none)."""
+    out = []
+    for path in sorted((ROOT / "mas_train").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                    if p.arg in ("cfg", "resolved", "plan", "group"):
+                        ann = ast.unparse(p.annotation) if p.annotation is not None else "-"
+                        out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({p.arg}: {ann})")
+    return out
+
+
+def test_no_function_takes_the_run_config_untyped_or_as_any():
+    params = _config_params()
+    assert any("startup.py" in p and "prepare(cfg: TrainConfig)" in p for p in params)
+    bad = [p for p in params if p.endswith(": -)") or "Any" in p.rsplit(": ", 1)[1]]
+    assert bad == [], "the run config crosses a seam untyped:\n" + "\n".join(bad)
+
+
+def test_the_share_of_public_signatures_with_any_does_not_grow():
+    """scripts/any_share.py's count (issue 38: 34 % before the typed config); the ceiling only goes down."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("any_share", ROOT / "scripts" / "any_share.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    total, with_any = mod.count(ROOT / "mas_train")
+    assert total > 400 and with_any, "the counter sees the package"
+    assert len(with_any) / total <= 0.17, f"{len(with_any)} of {total} public functions have Any"

@@ -14,7 +14,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import TYPE_CHECKING, cast, overload
 
 from mas_train.backends.base import (
     BackendOptions,
@@ -30,6 +30,12 @@ from mas_train.backends.options import (
     SGLangHTTPOptions,
     VLLMHTTPOptions,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from mas_train.config import ResolvedModelGroup
+
 
 __all__ = [
     "BACKEND_KINDS",
@@ -109,7 +115,12 @@ def backend_kind(name: str) -> BackendKind:
         raise ValueError(f"unknown backend {name!r}; choose one of {list(_REGISTRY)}.{hint}") from None
 
 
-def _make_hf(options: HFOptions, model: Any, tokenizer: Any, group: Any = None) -> GenerationBackend:
+def _make_hf(
+    options: HFOptions,
+    model: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    group: ResolvedModelGroup | None = None,
+) -> GenerationBackend:
     if model is None or tokenizer is None:
         raise ValueError("the hf backend needs the model group's model and tokenizer")
     import torch
@@ -125,7 +136,12 @@ def _make_hf(options: HFOptions, model: Any, tokenizer: Any, group: Any = None) 
     return HFBackend(model, tokenizer, **kwargs)
 
 
-def _make_openai(options: OpenAIOptions, model: Any, tokenizer: Any, group: Any = None) -> GenerationBackend:
+def _make_openai(
+    options: OpenAIOptions,
+    model: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    group: ResolvedModelGroup | None = None,
+) -> GenerationBackend:
     from mas_train.backends.openai import OpenAIBackend
 
     return OpenAIBackend(options, tokenizer)
@@ -156,12 +172,6 @@ register_backend("openai", OpenAIOptions, _make_openai, can_train=False, install
 
 #: The built-in kinds, in registry order (the config's ``backend`` choices; see :func:`backend_kind`).
 BACKEND_KINDS: tuple[str, ...] = tuple(_REGISTRY)
-
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    from mas_train.config import ResolvedModelGroup
 
 
 def build_options(kind: str, options: BackendOptions | Mapping[str, object] | None = None) -> BackendOptions:
