@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from mas_train.config import EvalConfig, ResolvedModelGroup, TrainConfig
     from mas_train.episodes import EvalRecorder
+    from mas_train.run import TrainSummary
 
 __all__ = ["eval_main", "run_eval", "run_training", "train_main"]
 
@@ -37,7 +38,7 @@ __all__ = ["eval_main", "run_eval", "run_training", "train_main"]
 # ================================================================================================================
 
 
-def run_training(cfg: TrainConfig, *, progress: bool = True, out: TextIO | None = None) -> dict[str, Any]:
+def run_training(cfg: TrainConfig, *, progress: bool = True, out: TextIO | None = None) -> TrainSummary:
     """Train ``cfg`` as ``mas-train`` does: :func:`mas_train.run.train` with the plots and the report at the end
     (:func:`mas_train.tools.finish.end_of_run`)."""
     from mas_train.run import train

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from mas_train.config import ResolvedModelGroup
+    from mas_train.run import TrainSummary
     from mas_train.startup import RunPlan
 
 __all__ = ["bar_text", "eval_progress", "off_the_clock", "print_banner", "print_summary"]
@@ -133,7 +134,7 @@ def _steps(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def print_summary(s: Mapping[str, Any], out: TextIO) -> None:
+def print_summary(s: TrainSummary, out: TextIO) -> None:
     last, ev, first = s["last"], s["eval"], s.get("first_eval") or {}
     minutes = f"{s['wall_seconds'] / 60:.1f} min"
     start, end, ran = s.get("start_step", 0), s["steps"], s.get("steps_run", s["steps"])

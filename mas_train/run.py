@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict
 
 from tqdm.auto import tqdm
 
@@ -23,7 +23,27 @@ from mas_train.progress import print_banner, print_summary
 from mas_train.startup import RunPlan, evaluation_on, prepare, record_config
 from mas_train.tracking import RunLogger, eval_logged_at, first_eval, last_eval
 
-__all__ = ["EndOfRun", "RunInterrupted", "train"]
+__all__ = ["EndOfRun", "RunInterrupted", "TrainSummary", "train"]
+
+
+class TrainSummary(TypedDict):
+    """What :func:`train` returns (the keys are described there)."""
+
+    run_dir: str
+    metrics_file: str | None
+    tensorboard_dir: str | None
+    checkpoint: str | None
+    steps: int
+    steps_run: int
+    start_step: int
+    wall_seconds: float
+    last: dict[str, float]
+    eval: dict[str, float]
+    first_eval: dict[str, float]
+    plots: list[str]
+    report: str | None
+    already_complete: bool
+    finished_only: bool
 
 
 def _no_plots(run_dir: Path, cfg: TrainConfig) -> list[Path]:
@@ -72,7 +92,7 @@ def train(
     out: TextIO | None = None,
     env_factory: EnvFactory | None = None,
     end_of_run: EndOfRun | None = None,
-) -> dict[str, Any]:
+) -> TrainSummary:
     """Train ``cfg`` (a :class:`~mas_train.config.TrainConfig`) to ``max_steps``: the body of ``mas-train``.
 
     A run is complete when it has trained to ``max_steps``, run its final evaluation (when evaluation is on) and
@@ -108,17 +128,25 @@ def train(
         raise RunInterrupted(run_dir, ckpts[-1] if ckpts else None) from None
 
 
-def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start: float) -> dict[str, Any]:
+def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start: float) -> TrainSummary:
 
     cfg, resolved, run_dir, ckpt = plan.config, plan.resolved, plan.run_dir, plan.checkpoint
-    summary: dict[str, Any] = {
+    summary: TrainSummary = {
         "run_dir": str(run_dir),
         "metrics_file": str(run_dir / "metrics.jsonl") if "jsonl" in cfg.report_to else None,
         "tensorboard_dir": str(run_dir / "tb") if "tensorboard" in cfg.report_to else None,
         "checkpoint": str(ckpt) if ckpt else None,
-        **dict.fromkeys(("steps", "steps_run", "start_step"), 0),
-        **{"last": {}, "eval": {}, "first_eval": {}, "plots": [], "report": None},
-        **dict.fromkeys(("already_complete", "finished_only"), False),
+        "steps": 0,
+        "steps_run": 0,
+        "start_step": 0,
+        "wall_seconds": 0.0,  # set before every return
+        "last": {},
+        "eval": {},
+        "first_eval": {},
+        "plots": [],
+        "report": None,
+        "already_complete": False,
+        "finished_only": False,
     }
     finishing = False
     if ckpt is not None:
@@ -133,12 +161,10 @@ def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start
                     file=out,
                 )
                 out.flush()
-                return {
-                    **summary,
-                    "steps": step,
-                    "wall_seconds": time.perf_counter() - t_start,
-                    "already_complete": True,
-                }
+                summary.update(
+                    {"steps": step, "wall_seconds": time.perf_counter() - t_start, "already_complete": True}
+                )
+                return summary
             finishing = True
             missing = evaluation_on(cfg) and not ("jsonl" in cfg.report_to and eval_logged_at(run_dir, step))
             print(
@@ -149,12 +175,14 @@ def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start
             out.flush()
             if not missing:
                 summary.update(
-                    steps=step,
-                    finished_only=True,
-                    eval=last_eval(run_dir),
-                    first_eval=first_eval(run_dir),
-                    plots=[str(p) for p in end.plots(run_dir, cfg)],
-                    wall_seconds=time.perf_counter() - t_start,
+                    {
+                        "steps": step,
+                        "finished_only": True,
+                        "eval": last_eval(run_dir),
+                        "first_eval": first_eval(run_dir),
+                        "plots": [str(p) for p in end.plots(run_dir, cfg)],
+                        "wall_seconds": time.perf_counter() - t_start,
+                    }
                 )
                 mark_complete(run_dir, step)
                 print_summary(summary, out)
@@ -209,16 +237,18 @@ def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start
         trainer.close()
     ckpts = list_checkpoints(run_dir)
     summary.update(
-        checkpoint=str(ckpts[-1]) if ckpts else None,
-        steps=trainer.step,
-        steps_run=trainer.step - start_step,
-        start_step=start_step,
-        finished_only=finishing,
-        eval=trainer.last_eval,
-        first_eval=trainer.first_eval,
-        plots=[str(p) for p in end.plots(run_dir, cfg)],
-        report=end.report(run_dir),
-        wall_seconds=time.perf_counter() - t_start,
+        {
+            "checkpoint": str(ckpts[-1]) if ckpts else None,
+            "steps": trainer.step,
+            "steps_run": trainer.step - start_step,
+            "start_step": start_step,
+            "finished_only": finishing,
+            "eval": trainer.last_eval,
+            "first_eval": trainer.first_eval,
+            "plots": [str(p) for p in end.plots(run_dir, cfg)],
+            "report": end.report(run_dir),
+            "wall_seconds": time.perf_counter() - t_start,
+        }
     )
     if trainer.step >= cfg.max_steps:
         mark_complete(run_dir, trainer.step)  # last: everything of the run is on disk

@@ -37,7 +37,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,7 @@ from mas_train.tools.plots import load_run
 
 if TYPE_CHECKING:
     from mas_train.config import TrainConfig
+    from mas_train.run import TrainSummary
 
 __all__ = [
     "RunSummary",
@@ -71,7 +72,7 @@ _RESERVED = ("--advantage_mode", "--seed", "--output_dir", "--run_name", "--resu
 
 
 # -- training side ---------------------------------------------------------------------------------------------
-def train_one(cfg: TrainConfig) -> dict[str, Any]:
+def train_one(cfg: TrainConfig) -> TrainSummary:
     """Train one configuration to ``max_steps`` as ``mas-train`` does (:func:`mas_train.run.train` with
     :func:`mas_train.tools.finish.end_of_run`: plots and report included); returns its summary (with
     ``run_dir``)."""
@@ -160,7 +161,7 @@ def run_comparison(
     seeds: Sequence[int],
     out_dir: str | Path,
     *,
-    train_fn: Callable[[TrainConfig], dict[str, Any]] | None = None,
+    train_fn: Callable[[TrainConfig], Mapping[str, object]] | None = None,
     log: Callable[[str], None] = print,
     pool: str = "local",
     run_cpus: float = 1.0,
@@ -256,7 +257,7 @@ def run_comparison(
         for run_dir, argv in todo:
             log(f"mas-compare: training {run_dir.name}")
             summary = train_fn(parse_args(argv))
-            if Path(summary["run_dir"]).resolve() != run_dir.resolve():
+            if Path(str(summary["run_dir"])).resolve() != run_dir.resolve():
                 raise RuntimeError(f"train_fn wrote into {summary['run_dir']}, expected {run_dir}")
             trained.append(run_dir)
     return [p[0] for p in plan], trained
