@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -104,7 +104,7 @@ class MultiGroupTrainer:
         return rows[: self.cfg.eval_num_tasks] if self.cfg.eval_num_tasks else rows
 
     # -- one step -------------------------------------------------------------------------------------------
-    def train_step(self) -> tuple[dict[str, float], dict[str, Any]]:
+    def train_step(self) -> tuple[dict[str, float], dict[str, object]]:
         """Run one training step (see the module docstring).
 
         Returns:
