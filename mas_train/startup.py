@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mas_envs.core import EnvFactory, text_env
 from mas_train.backends.options import OpenAIOptions, SGLangHTTPOptions, VLLMHTTPOptions
@@ -94,7 +94,7 @@ class RunPlan:
     train_tasks: list[dict[str, object]]
     eval_tasks: list[dict[str, object]] | None
     checkpoint: Path | None = None
-    changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    changes: dict[str, tuple[object, object]] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -102,7 +102,7 @@ class RunPlan:
         return self.resolved.run_dir
 
 
-def resume_target(cfg: TrainConfig) -> tuple[TrainConfig, Path | None, dict[str, tuple[Any, Any]]]:
+def resume_target(cfg: TrainConfig) -> tuple[TrainConfig, Path | None, dict[str, tuple[object, object]]]:
     """Resolve ``cfg.resume`` and check what the resumed run changes.
 
     Returns:

@@ -133,7 +133,7 @@ def close_matches(name: str, options: Sequence[str]) -> str:
     return f" Did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
 
 
-def check_choice(where: str, value: Any, choices: Sequence[str]) -> None:
+def check_choice(where: str, value: object, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ConfigError(
             f"{where} must be one of {list(choices)}, got {value!r}.{close_matches(str(value), choices)}"
@@ -190,7 +190,7 @@ def check_optim(where: str, obj: OptimSettings) -> None:
         raise ConfigError(f"{where}: warmup_steps must be an integer >= 0 or a ratio in [0, 1), got {wu}")
 
 
-def check_min(where: str, value: Any, minimum: int, none_ok: bool = False) -> None:
+def check_min(where: str, value: float | None, minimum: int, none_ok: bool = False) -> None:
     if value is None and none_ok:
         return
     if value is None or value < minimum:

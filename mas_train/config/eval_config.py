@@ -61,7 +61,7 @@ class EvalGroupConfig:
     )
     dtype: str | None = _help(f"Weights dtype, one of {list(DTYPES)}. None = the run's.", default=None)
 
-    def given(self) -> dict[str, Any]:
+    def given(self) -> dict[str, object]:
         """The settings this override gives (``None`` / empty ones left out)."""
         return {k: v for k, v in vars(self).items() if v not in (None, {})}
 

@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mas_train.tools.compare_report import (
     EVAL_KEY,
@@ -101,7 +101,7 @@ REUSABLE_DIFFERENCES = frozenset(
 )
 
 
-def config_mismatch(run_dir: str | Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+def config_mismatch(run_dir: str | Path, cfg: TrainConfig) -> dict[str, tuple[object, object]]:
     """The settings in which the run saved in ``run_dir`` (its ``config.yaml``) differs from ``cfg``, the run
     mas-compare would launch there, beyond :data:`REUSABLE_DIFFERENCES` and a larger ``max_steps``; ``{}`` when
     it can be reused (or has no ``config.yaml``).
@@ -120,7 +120,7 @@ def config_mismatch(run_dir: str | Path, cfg: TrainConfig) -> dict[str, tuple[An
     saved = TrainConfig.from_yaml(path)
     diff = config_diff(saved, cfg)
     out = {k: v for k, v in diff.items() if k.split(".", 1)[0] not in REUSABLE_DIFFERENCES}
-    if "max_steps" in out and out["max_steps"][0] < out["max_steps"][1]:
+    if "max_steps" in out and saved.max_steps < cfg.max_steps:
         del out["max_steps"]  # a longer budget: the run resumes from its newest checkpoint
     return out
 
