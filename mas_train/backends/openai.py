@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
 from mas_train.backends.endpoint_keys import key_env_for, private_transport
@@ -90,7 +91,7 @@ class OpenAIBackend:
 
     can_train = False
 
-    def __init__(self, options: OpenAIOptions, tokenizer: Any) -> None:
+    def __init__(self, options: OpenAIOptions, tokenizer: PreTrainedTokenizerBase) -> None:
         try:
             import openai
         except ImportError as err:

@@ -17,6 +17,7 @@ from mas_train.backends.weight_sync import write_hf_checkpoint, write_peft_adapt
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def parse_sglang_output(
     sampling: SamplingParams,
     *,
     weight_version: int,
-    tokenizer: Any = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> GenerationOutput:
     """Turn one SGLang ``/generate`` answer into a :class:`GenerationOutput`.
 
