@@ -11,7 +11,7 @@ holds both implementations to these protocols (``tests/test_layout.py`` runs it 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
 from mas_train.backends.base import Generator
 from mas_train.samples import Sample
@@ -20,7 +20,22 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["Ranks", "WorkerHandle", "WorkerPool"]
+__all__ = ["RankInfo", "Ranks", "WorkerHandle", "WorkerPool"]
+
+
+class RankInfo(TypedDict, total=False):
+    """Where one rank of a sharded group runs (``Ranks.info()``, rank 0 first): ``rank``, ``pid``, ``node``;
+    under Ray also ``ppid``, ``actor_id``, ``name``, ``bundle`` (its placement-group bundle, as Ray reports it)
+    and ``cuda_visible_devices``."""
+
+    rank: int
+    pid: int
+    ppid: int
+    node: str
+    actor_id: str | None
+    name: str
+    bundle: object
+    cuda_visible_devices: str | None
 
 
 @runtime_checkable
@@ -83,7 +98,7 @@ class Ranks(Protocol):
 
     def start(self) -> Ranks: ...
 
-    def info(self) -> list[dict[str, Any]]: ...
+    def info(self) -> list[RankInfo]: ...
 
     def update(self, samples: Sequence[Sample], advantages: Sequence[float]) -> dict[str, float]: ...
 

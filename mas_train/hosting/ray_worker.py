@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
     import torch
+    from ray.actor import ActorHandle
+    from transformers import PreTrainedTokenizerBase
 
     from mas_train.backends.base import GenerationOutput, SamplingParams
     from mas_train.config import ResolvedConfig
@@ -24,7 +26,25 @@ if TYPE_CHECKING:
 __all__ = ["ModelGroupActor", "PoolTimeouts", "RayWorkerHandle", "bounded_get", "parameter_fingerprint"]
 
 
-def parameter_fingerprint(model: torch.nn.Module) -> dict[str, float | int | str]:
+#: :func:`parameter_fingerprint`'s result: ``sha256`` (str), ``sum`` and ``abs_sum`` (float), ``numel`` (int).
+Fingerprint = dict[str, float | int | str]
+
+
+class WorkerInfo(TypedDict):
+    """What a worker actor reports once started (:meth:`ModelGroupActor.info`); its handle keeps it."""
+
+    pid: int
+    node: str
+    tokenizer: PreTrainedTokenizerBase
+    num_parameters: int
+    model_path: str
+    agents: tuple[str, ...]
+    wants_messages: bool
+    trains: bool
+    cuda_visible_devices: str | None
+
+
+def parameter_fingerprint(model: torch.nn.Module) -> Fingerprint:
     """A fingerprint of a model's weights: ``sha256`` of every parameter's bytes (in ``named_parameters``
     order; equal iff bit-identical), ``sum`` and ``abs_sum`` in float64 (for tolerance comparisons) and the
     parameter count ``numel``."""
@@ -95,7 +115,7 @@ class ModelGroupActor:
             make_ranks = functools.partial(RayRanks, **ranks)
         self.worker = ModelGroupWorker(resolved, group, make_ranks=make_ranks)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> WorkerInfo:
         w = self.worker
         return {
             "pid": os.getpid(),
@@ -112,7 +132,7 @@ class ModelGroupActor:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> Fingerprint:
         return parameter_fingerprint(self.worker.model)
 
     def get(self, attr: str) -> Any:
@@ -138,7 +158,7 @@ class RayWorkerHandle:
         RuntimeError: the actor died (e.g. out of memory); the Ray error is chained.
     """
 
-    def __init__(self, pool: PoolTimeouts, group: str, actor: Any, info: dict[str, Any]) -> None:
+    def __init__(self, pool: PoolTimeouts, group: str, actor: ActorHandle, info: WorkerInfo) -> None:
         self._pool = pool
         self.group = group
         self.actor = actor
@@ -216,9 +236,9 @@ class RayWorkerHandle:
     def load_weights(self, folder: str) -> None:
         self._call("load_weights", str(Path(folder).resolve()))
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> Fingerprint:
         """:func:`parameter_fingerprint` of this group's policy, computed in the actor (no weights travel)."""
-        fp: dict[str, Any] = self._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
+        fp: Fingerprint = self._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
         return fp
 
     def close(self) -> None:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from mas_train.config import ResolvedConfig
-    from mas_train.hosting.protocols import Ranks
+    from mas_train.hosting.protocols import RankInfo, Ranks
     from mas_train.rollout import Sample
 
 __all__ = ["DEFAULT_TIMEOUT_S", "RankFailure", "ShardedPolicy", "ShardedRanks"]
@@ -89,7 +89,7 @@ class ShardedRanks:
         """The ranks' process ids, rank 0 first."""
         return [p.pid for p in self._procs]
 
-    def info(self) -> list[dict[str, Any]]:
+    def info(self) -> list[RankInfo]:
         """Per rank, rank 0 first: ``rank``, ``pid``, ``node`` (host name); ``actor_id`` and ``bundle`` are
         ``None`` (local processes; see :meth:`~mas_train.hosting.sharded_ray.RayRanks.info`)."""
         node = socket.gethostname()

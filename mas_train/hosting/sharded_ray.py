@@ -13,15 +13,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from mas_train.hosting.protocols import RankInfo
 from mas_train.hosting.sharded_rank import DEFAULT_TIMEOUT_S, Rank, RankFailure
 from mas_train.net import free_port
 
 if TYPE_CHECKING:
     from mas_train.config import ResolvedConfig
+    from mas_train.hosting.protocols import RankInfo
     from mas_train.rollout import Sample
 
 __all__ = ["RayRanks"]
@@ -58,7 +60,7 @@ class _RankActor:
         torch.set_num_threads(num_threads)
         self.rank: Rank | None = None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RankInfo:
         import ray
 
         return {
@@ -157,7 +159,7 @@ class RayRanks:
         self._actors: list[Any] = []
         self._names: list[str] = []
         self._start_refs: list[Any] = []
-        self._info: list[dict[str, Any]] = []
+        self._info: list[RankInfo] = []
         self._ready = False
 
     @property
@@ -165,12 +167,12 @@ class RayRanks:
         """The rank actors' process ids, rank 0 first (waits for start-up)."""
         return [i["pid"] for i in self.info()]
 
-    def info(self) -> list[dict[str, Any]]:
+    def info(self) -> list[RankInfo]:
         """Per rank, rank 0 first: ``rank``, ``pid``, ``ppid``, ``node`` (IP), ``actor_id``, ``name`` (the
         named actor's), ``bundle`` (the placement-group bundle it runs in, as Ray reports it) and
         ``cuda_visible_devices``. Waits for start-up."""
         self._start_up()
-        return [dict(i) for i in self._info]
+        return [RankInfo(**i) for i in self._info]
 
     def start(self) -> RayRanks:
         """Start the rank actors, ask rank 0 for the rendezvous address, and have every rank load and shard the
@@ -219,7 +221,11 @@ class RayRanks:
         n = self.num_ranks
         # the i-th ref belongs to rank i % n (infos first, then the set-ups)
         out = self._wait(self._start_refs, "start-up", self.timeout_s, rank_of=lambda i: i % n)
-        self._info = [{"rank": r, "name": self._names[r], **info} for r, info in enumerate(out[:n])]
+        self._info = []
+        for r, info in enumerate(out[:n]):
+            entry: RankInfo = {"rank": r, "name": self._names[r]}
+            entry.update(cast(RankInfo, info))  # _RankActor.info
+            self._info.append(entry)
         self._start_refs = []
         self._ready = True
         logger.info(

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
     from mas_train.config import ResolvedConfig
-    from mas_train.hosting.protocols import Ranks
+    from mas_train.hosting.protocols import RankInfo, Ranks
 
 #: ``make_ranks(resolved, group)``: a sharded group's ranks, not started.
 MakeRanks = Callable[["ResolvedConfig", str], "Ranks"]
@@ -240,7 +240,7 @@ class ModelGroupWorker:
         state), rank 0 first; ``None`` for an unsharded group. See :meth:`~mas_train.hosting.sharded.ShardedRanks.sizes`."""
         return self.policy.ranks.sizes() if isinstance(self.policy, ShardedPolicy) else None
 
-    def rank_info(self) -> list[dict[str, object]] | None:
+    def rank_info(self) -> list[RankInfo] | None:
         """A sharded group's ranks, rank 0 first: ``rank``, ``pid``, ``node``, and under ``pool: ray`` the rank
         actor's ``actor_id``, ``name`` and placement-group ``bundle``; ``None`` for an unsharded group. See
         :meth:`~mas_train.hosting.sharded_ray.RayRanks.info`."""
