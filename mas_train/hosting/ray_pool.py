@@ -348,7 +348,7 @@ class RayPool:
     def __enter__(self) -> RayPool:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -246,7 +246,9 @@ class Rank:
         )
         del saved, full
         if optimizer:
-            plain = load_state(src / "optimizer.pt")
+            plain = cast(
+                "dict[str, Any]", load_state(src / "optimizer.pt")
+            )  # torch.optim's state_dict format
             osd = _optimizer_state_by_name(plain, _param_order(self.model, t.optimizer))
             set_optimizer_state_dict(
                 self.model, t.optimizer, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True)
