@@ -262,7 +262,7 @@ def test_no_function_takes_the_run_config_untyped_or_as_any():
 
 
 def test_the_share_of_public_signatures_with_any_does_not_grow():
-    """scripts/any_share.py's count (issue 38: 34 % before the typed config); the ceiling only goes down."""
+    """scripts/any_share.py's count (issue 38: 34 % before the typed config, the target <= 10 %)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("any_share", ROOT / "scripts" / "any_share.py")
@@ -271,4 +271,4 @@ def test_the_share_of_public_signatures_with_any_does_not_grow():
     spec.loader.exec_module(mod)
     total, with_any = mod.count(ROOT / "mas_train")
     assert total > 400 and with_any, "the counter sees the package"
-    assert len(with_any) / total <= 0.17, f"{len(with_any)} of {total} public functions have Any"
+    assert len(with_any) / total <= 0.10, f"{len(with_any)} of {total} public functions have Any"
