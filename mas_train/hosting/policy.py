@@ -33,7 +33,7 @@ from mas_train.checkpoint import load_state
 from mas_train.grpo.trl_adapter import fused_forward, restore_fused_forward
 from mas_train.grpo.update import GroupGRPOTrainer
 from mas_train.models import hf_progress_bars_off
-from mas_train.rollout import Sample
+from mas_train.samples import Sample
 
 if TYPE_CHECKING:
     from peft import PeftModel

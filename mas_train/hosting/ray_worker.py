@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from mas_train.backends.base import GenerationOutput, SamplingParams
     from mas_train.config import ResolvedConfig
-    from mas_train.rollout import Sample
+    from mas_train.samples import Sample
 
 __all__ = ["ModelGroupActor", "PoolTimeouts", "RayWorkerHandle", "bounded_get", "parameter_fingerprint"]
 

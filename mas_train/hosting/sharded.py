@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from mas_train.config import ResolvedConfig
     from mas_train.hosting.protocols import RankInfo, Ranks
-    from mas_train.rollout import Sample
+    from mas_train.samples import Sample
 
 __all__ = ["DEFAULT_TIMEOUT_S", "RankFailure", "ShardedPolicy", "ShardedRanks"]
 

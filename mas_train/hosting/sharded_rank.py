@@ -22,7 +22,7 @@ from mas_train.checkpoint import load_state
 
 if TYPE_CHECKING:
     from mas_train.config import ResolvedConfig
-    from mas_train.rollout import Sample
+    from mas_train.samples import Sample
 
 _T = TypeVar("_T")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from mas_train.hosting.policy import GroupPolicy, GroupState
-from mas_train.rollout import Sample
+from mas_train.samples import Sample
 
 __all__ = ["check_policy", "policy_state"]
 

@@ -42,7 +42,7 @@ from mas_train.models import (
     resolve_dtype,
     resolve_model_path,
 )
-from mas_train.rollout import Sample
+from mas_train.samples import Sample
 
 if TYPE_CHECKING:
     from peft import PeftModel
