@@ -272,3 +272,24 @@ def test_the_share_of_public_signatures_with_any_does_not_grow():
     total, with_any = mod.count(ROOT / "mas_train")
     assert total > 400 and with_any, "the counter sees the package"
     assert len(with_any) / total <= 0.10, f"{len(with_any)} of {total} public functions have Any"
+
+
+def _env_probes(text: str) -> list[str]:
+    import re
+
+    pattern = re.compile(r"\.unwrapped\b|getattr\(\s*(?:type\()?\s*(?:env|probe|self\.env|\w+\.env)\b")
+    return [line.strip() for line in text.splitlines() if pattern.search(line)]
+
+
+def test_mas_train_reads_the_env_contract_through_text_env_not_by_probing():
+    """What the trainer uses of an env is declared on ``TextAECEnv`` (``mas_envs.core.text_env`` reaches it):
+    no ``env.unwrapped`` and no ``getattr(env, ...)`` in mas_train."""
+    assert _env_probes('x = getattr(env.unwrapped, "stop_strings", {})\ny = text_env(env).stop_strings') == [
+        'x = getattr(env.unwrapped, "stop_strings", {})'
+    ]
+    found = [
+        f"{p.relative_to(ROOT)}: {line}"
+        for p in sorted((ROOT / "mas_train").rglob("*.py"))
+        for line in _env_probes(p.read_text())
+    ]
+    assert found == []
