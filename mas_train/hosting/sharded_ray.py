@@ -23,7 +23,6 @@ from mas_train.net import free_port
 
 if TYPE_CHECKING:
     from mas_train.config import ResolvedConfig
-    from mas_train.hosting.protocols import RankInfo
     from mas_train.samples import Sample
 
 __all__ = ["RayRanks"]

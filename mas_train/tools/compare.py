@@ -112,7 +112,7 @@ def config_mismatch(run_dir: str | Path, cfg: TrainConfig) -> dict[str, tuple[ob
     Raises:
         ConfigError: the saved ``config.yaml`` cannot be read.
     """
-    from mas_train.config import config_diff
+    from mas_train.config import TrainConfig, config_diff
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
