@@ -5,7 +5,7 @@
     python benchmarks/step.py --tiny --json                      # tiny-qwen3, G=2, 8 new tokens (CI)
     python benchmarks/step.py --threads 2 --profile 12           # + where each dtype's update time goes
 
-Builds the trainer exactly as ``mas-train`` does (``parse_args`` + ``MultiGroupTrainer``) and runs ``--steps``
+Builds the trainer exactly as ``mas-train`` does (``parse_args`` + ``assemble_trainer``) and runs ``--steps``
 training steps (no evaluation, no checkpoint), reading each step's own timers (``time/generate``,
 ``time/update``). Roofs are measured in the same process before the first step:
 
@@ -257,8 +257,8 @@ def _run(cfg, n_steps: int, rows: int, *, force_bf16: bool, profile: bool = Fals
     ``profile``). ``force_bf16``: as if the CPU had native bf16 (dtype auto's rule)."""
     import mas_envs
     import mas_train.precision as precision
+    from mas_train.assemble import assemble_trainer
     from mas_train.models import resolve_device
-    from mas_train.trainer import MultiGroupTrainer
 
     detect = precision.cpu_native_bf16
     if force_bf16:
@@ -270,7 +270,7 @@ def _run(cfg, n_steps: int, rows: int, *, force_bf16: bool, profile: bool = Fals
             g: precision.resolve_precision(rg.dtype, resolve_device(cfg.device), lora=rg.lora is not None)
             for g, rg in resolved.model_groups.items()
         }
-        trainer = MultiGroupTrainer(resolved)
+        trainer = assemble_trainer(resolved)
         # FLOP per trained token: every weight of the model is read (N counts the frozen base of a LoRA group too)
         flop_per_token = {}
         for g in trainer.groups:

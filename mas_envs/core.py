@@ -62,9 +62,8 @@ and implements these public hooks (all called by the base class; none of them to
   `startup_warnings()` to tell the user, before training starts, about a problem that need not stop it (the
   search envs warn when their retrieval server does not answer).
 
-The hook names of mas-rl 0.1 (`_start`, `_prompt`, `_act`, `_outcome`, `_note`) still work for one version: a
-subclass that defines an old name (and not the new one) gets a `DeprecationWarning` naming the new one when the
-class is created, and the base class calls the old method through the new name.
+What a trainer reads of an env beyond the PettingZoo API is the members above with their defaults (plus
+`invalid_action_penalty`, `transcript` and `close()`), reached through `text_env(env)`.
 
 Then give the module an `env(**kwargs)` function (`wrap(MyEnv(**kwargs))`) and register it (see
 `mas_envs.registration`). `examples/custom_env.py` is a complete, runnable example.
@@ -77,9 +76,9 @@ import functools
 import hashlib
 import numbers
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 from gymnasium import spaces
@@ -87,6 +86,7 @@ from pettingzoo import AECEnv
 from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
 __all__ = [
+    "EnvFactory",
     "GoldenEpisode",
     "Outcome",
     "TextAECEnv",
@@ -94,6 +94,7 @@ __all__ = [
     "TextObservation",
     "UnicodeText",
     "messages_to_text",
+    "text_env",
     "wrap",
 ]
 
@@ -292,6 +293,30 @@ def _load_shared(source: str) -> tuple[Mapping[str, Any], ...]:
 def wrap(env: TextAECEnv) -> OrderEnforcingWrapper:
     """Add PettingZoo's `OrderEnforcingWrapper` (errors on use before `reset`, on a missing `step`)."""
     return OrderEnforcingWrapper(env)
+
+
+#: A zero-argument constructor of a made env (`mas_envs.make(id, **kwargs)`, or `wrap(MyEnv(...))`): a
+#: PettingZoo AEC env, possibly wrapped, whose `unwrapped` is a `TextAECEnv`.
+EnvFactory: TypeAlias = "Callable[[], AECEnv[str, str, str]]"
+
+
+def text_env(env: AECEnv[str, str, str]) -> TextAECEnv:
+    """The `TextAECEnv` under `env` (PettingZoo's `unwrapped`, through any wrappers).
+
+    What a trainer reads of an env beyond the PettingZoo API is declared on `TextAECEnv`, with defaults an
+    env may override: `stop_strings`, `role_reward_agents`, `invalid_action_penalty`, `transcript`, `tasks`,
+    `eval_task_source()`, `startup_warnings()`, `close()`. This is the one way to reach them.
+
+    Raises:
+        TypeError: `env` is not a `TextAECEnv` underneath (a trainer needs the members above).
+    """
+    inner = env.unwrapped
+    if not isinstance(inner, TextAECEnv):
+        raise TypeError(
+            f"{type(inner).__name__} is not a mas_envs.TextAECEnv: a trainer reads the text-env contract "
+            "(stop_strings, transcript, eval_task_source, ...); subclass TextAECEnv (docs/envs.md)"
+        )
+    return inner
 
 
 class TextAECEnv(AECEnv[str, str, str]):

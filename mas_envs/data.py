@@ -4,7 +4,7 @@ A task row is a dict with at least `question` (str), `answer` (str, the gold ans
 (list of str, for QA), `data_source` (str, used to report avg@k / pass@k per source) and `id` (str, unique
 within the source). The other columns of the source row are kept.
 
-Bundled sets (real data, shipped gzip'd inside the package with their licences in `mas_envs/data/NOTICE.md`):
+Bundled sets (real data, shipped gzip'd inside the package with their licences in `mas_envs/bundled/NOTICE.md`):
 
 | name | rows | source | licence |
 |---|---:|---|---|
@@ -53,7 +53,7 @@ class BundledSet:
     """A data set shipped inside the package.
 
     Attributes:
-        file: file name under `mas_envs/data/`.
+        file: file name under `mas_envs/bundled/`.
         data_source: the `data_source` value of its rows.
         fields: `{our field: source column}`.
         id_field: source column holding a unique id, or `None` to use `"<data_source>/<split>/<row index>"`.
@@ -84,7 +84,7 @@ TASK_LOADERS: dict[str, str] = {
 
 
 def _bundled_path(name: str) -> Path:
-    return Path(str(resources.files("mas_envs") / "data" / BUNDLED[name].file))
+    return Path(str(resources.files("mas_envs") / "bundled" / BUNDLED[name].file))
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

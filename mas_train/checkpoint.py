@@ -44,15 +44,20 @@ import shutil
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
 
 from mas_train.safe_load import UnsafeCheckpointError, check_checkpoint_files, load_state
 
+if TYPE_CHECKING:
+    from mas_train.hosting.protocols import WorkerPool
+
 __all__ = [
     "CHECKPOINTS",
+    "RngState",
+    "TrainerState",
     "completed_step",
     "mark_complete",
     "remove_if_empty",
@@ -82,8 +87,28 @@ class IncompleteCheckpointWarning(UserWarning):
     """The newest checkpoint folder of a run is incomplete; an older complete one is used."""
 
 
+class RngState(TypedDict):
+    """Python, NumPy and torch RNG states (:func:`rng_state`): tensors and plain data only."""
+
+    python: tuple[Any, ...]  # random.getstate()
+    numpy: tuple[str, torch.Tensor, int, int, float]  # np.random.get_state(), its key array as int64
+    torch: torch.Tensor
+    cuda: NotRequired[list[torch.Tensor]]
+
+
+class TrainerState(TypedDict):
+    """The driver's part of a checkpoint (``trainer_state.pt``): the step, the task sampler's position, the RNG
+    states, the run name and the model groups (checked on resume)."""
+
+    step: int
+    sampler: dict[str, int]
+    rng: RngState
+    run_name: str
+    groups: list[str]
+
+
 def save_checkpoint(
-    run_dir: str | Path, step: int, pool: Any, state: dict[str, Any], config_yaml: str
+    run_dir: str | Path, step: int, pool: WorkerPool, state: Mapping[str, object], config_yaml: str
 ) -> Path:
     """Save every model group of ``pool`` plus the driver ``state`` as ``<run_dir>/checkpoints/step-<step>``.
 
@@ -329,7 +354,7 @@ def find_checkpoint(spec: str | Path, output_dir: str | Path = "runs", *, flag: 
     )
 
 
-def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
+def load_trainer_state(ckpt: str | Path) -> TrainerState:
     """The driver state saved by :func:`save_checkpoint` (includes ``step``), read by :func:`load_state`
     after :func:`check_checkpoint_files` has scanned every ``.pt`` file of the checkpoint (optimizer and
     scheduler states included), so a resume is refused before any model is loaded.
@@ -338,7 +363,7 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
         UnsafeCheckpointError: a file holds more than tensors and plain data (nothing from it ran).
     """
     check_checkpoint_files(ckpt)
-    return load_state(Path(ckpt) / "trainer_state.pt")
+    return cast(TrainerState, load_state(Path(ckpt) / "trainer_state.pt"))  # what save_checkpoint wrote
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
@@ -358,24 +383,24 @@ def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
     return old
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state() -> RngState:
     """Python, NumPy and torch RNG states (for checkpoints), as tensors and plain data only: NumPy's key array
     (uint32) travels as an int64 tensor so :func:`load_state` needs no NumPy unpickling."""
     name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     key_array = np.asarray(key, dtype=np.int64)
     numpy_state = (str(name), torch.from_numpy(key_array), int(pos), int(has_gauss), float(gauss))
-    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    state: RngState = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: Mapping[str, Any]) -> None:
+def set_rng_state(state: RngState) -> None:
     """Restore what :func:`rng_state` returned."""
     random.setstate(state["python"])
-    name, key, *rest = state["numpy"]
-    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
-    np.random.set_state((name, key.astype(np.uint32), *rest))
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    array = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    np.random.set_state((name, array.astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

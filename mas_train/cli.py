@@ -19,9 +19,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from mas_train.command import quiet_libraries, run_command
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
+
+    from mas_train.config import EvalConfig, ResolvedModelGroup, TrainConfig
+    from mas_train.episodes import EvalRecorder
+    from mas_train.run import TrainSummary
 
 __all__ = ["eval_main", "run_eval", "run_training", "train_main"]
 
@@ -31,11 +38,13 @@ __all__ = ["eval_main", "run_eval", "run_training", "train_main"]
 # ================================================================================================================
 
 
-def run_training(cfg, *, progress: bool = True, out=None) -> dict[str, Any]:
-    """Train ``cfg``; the same as :func:`mas_train.run.train` (kept as the CLI module's name for it)."""
+def run_training(cfg: TrainConfig, *, progress: bool = True, out: TextIO | None = None) -> TrainSummary:
+    """Train ``cfg`` as ``mas-train`` does: :func:`mas_train.run.train` with the plots and the report at the end
+    (:func:`mas_train.tools.finish.end_of_run`)."""
     from mas_train.run import train
+    from mas_train.tools.finish import end_of_run
 
-    return train(cfg, progress=progress, out=out)
+    return train(cfg, progress=progress, out=out, end_of_run=end_of_run())
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:
@@ -55,7 +64,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 # ================================================================================================================
 
 
-def _eval_config(ev):
+def _eval_config(ev: EvalConfig) -> tuple[TrainConfig, Path | None, Path | None]:
     """The run configuration ``mas-eval`` evaluates (a :class:`~mas_train.config.TrainConfig`), the checkpoint
     whose weights it loads (``None``: initial weights) and the checkpoint named (for the label)."""
     from mas_train.checkpoint import find_checkpoint
@@ -84,18 +93,22 @@ def _eval_config(ev):
     return cfg, (None if ev.initial else ckpt), ckpt
 
 
-def _source(group, fresh: bool, weights) -> str:
+def _source(group: ResolvedModelGroup, fresh: bool, weights: Path | None) -> str:
     """Where a model group's turns come from in this evaluation, for the start-up lines."""
+    from mas_train.backends.options import OpenAIOptions, SGLangHTTPOptions, VLLMHTTPOptions
     from mas_train.startup import group_source
 
-    if group.backend == "openai" or getattr(group.backend_options, "url", None):
+    opts = group.backend_options
+    if isinstance(opts, OpenAIOptions) or (
+        isinstance(opts, SGLangHTTPOptions | VLLMHTTPOptions) and opts.url
+    ):
         return group_source(group)  # an endpoint or a server: no local weights
     if fresh or weights is None:
         return f"{group.model} (its own weights, backend {group.backend})"
     return f"the checkpoint's weights (backend {group.backend})"
 
 
-def run_eval(ev, out=None) -> dict[str, float]:
+def run_eval(ev: EvalConfig, out: TextIO | None = None) -> dict[str, float]:
     """The body of ``mas-eval`` for an :class:`~mas_train.config.EvalConfig`: returns the metrics it printed.
 
     Raises:
@@ -105,9 +118,8 @@ def run_eval(ev, out=None) -> dict[str, float]:
     """
     from tqdm.auto import tqdm
 
+    from mas_train.assemble import assemble
     from mas_train.eval import eval_sampling, evaluate
-    from mas_train.hosting.pools import LocalPool
-    from mas_train.rollout import RolloutCollector
     from mas_train.startup import check_api_keys, check_models, load_task_rows, make_env_factory, probe_env
     from mas_train.tasks import NoEvalTasksError, eval_tasks
 
@@ -144,28 +156,19 @@ def run_eval(ev, out=None) -> dict[str, float]:
         for g, rg in resolved.model_groups.items():
             print(f"  {g} ({', '.join(rg.agents)}): {_source(rg, g in fresh, weights)}", file=out)
     quiet_libraries()
-    pool = LocalPool(resolved, train=False).start()
+    parts = assemble(resolved, env_factory=factory, probe=probe, eval_tasks=tasks, train=False)
     try:
         if weights is not None:
             for g in resolved.model_groups:
                 # a group the overrides gave a source (a model, an endpoint) samples from that, not the checkpoint
                 if g not in fresh:
-                    pool.worker(g).load_weights(str(weights / "groups" / g))
-        collector = RolloutCollector(
-            factory,
-            {g: pool.worker(g) for g in resolved.model_groups},
-            {g: pool.tokenizer(g) for g in resolved.model_groups},
-            resolved.agent_to_group,
-            {a: ra.sampling_params() for a, ra in resolved.agents.items()},
-            max_prompt_length=cfg.max_prompt_length,
-            seed=cfg.seed,
-        )
+                    parts.pool.worker(g).load_weights(str(weights / "groups" / g))
         recorder = _eval_recorder(ev, k, ckpt, probe)
         bar = tqdm(total=len(tasks), desc="mas-eval", unit="task", dynamic_ncols=True)
         try:
             metrics = evaluate(
-                collector,
-                tasks,
+                parts.collector,
+                parts.eval_tasks(),
                 k=k,
                 sampling=eval_sampling(
                     resolved, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens
@@ -176,9 +179,8 @@ def run_eval(ev, out=None) -> dict[str, float]:
             )
         finally:
             bar.close()
-            collector.close()
     finally:
-        pool.shutdown()
+        parts.close()
     for key, v in metrics.items():
         print(f"  {key[5:]:<32} {v:.4f}", file=out)
     if ev.output:
@@ -198,7 +200,9 @@ def _episodes_path(output: str) -> Path:
     return p.with_name((p.stem if p.suffix else p.name) + ".episodes.jsonl")
 
 
-def _eval_recorder(ev, k, ckpt, probe):
+def _eval_recorder(
+    ev: EvalConfig, k: int, ckpt: Path | None, probe: AECEnv[str, str, str]
+) -> EvalRecorder | None:
     """The :class:`~mas_train.episodes.EvalRecorder` of ``mas-eval --output`` (``None``: no episodes to write);
     its records carry the checkpoint's step (0 for initial weights or a plain model)."""
     import re
@@ -208,9 +212,11 @@ def _eval_recorder(ev, k, ckpt, probe):
     if not ev.output or ev.log_episodes == 0:
         return None
     found = re.search(r"(\d+)$", ckpt.name) if ckpt is not None and not ev.initial else None
+    from mas_envs.core import text_env
+
     return EvalRecorder(
         k,
-        float(probe.unwrapped.invalid_action_penalty),
+        float(text_env(probe).invalid_action_penalty),
         limit=ev.log_episodes,
         step=int(found.group(1)) if found else 0,
     )

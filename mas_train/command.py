@@ -8,7 +8,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["quiet_libraries", "run_command", "user_errors"]
 
@@ -51,7 +50,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     )
 
 
-def run_command(prog: str, argv: list[str], body: Callable[[list[str]], Any]) -> int:
+def run_command(prog: str, argv: list[str], body: Callable[[list[str]], object]) -> int:
     """Run ``body(argv)``; print a user mistake as one ``prog: error:`` line (exit 2), Ctrl-C as exit 130."""
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

@@ -28,9 +28,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mas_train.samples import RolloutBatch
 
 __all__ = [
     "EpisodeLog",
@@ -122,7 +125,7 @@ def _gold(task: Mapping[str, Any]) -> Any:
 
 
 def episode_records(
-    batch: Any,
+    batch: RolloutBatch,
     indices: Sequence[int],
     *,
     penalty: float,
@@ -319,7 +322,7 @@ class EvalRecorder:
         self.records: list[dict[str, Any]] = []
         self._tasks_seen = 0
 
-    def add(self, batch: Any) -> None:
+    def add(self, batch: RolloutBatch) -> None:
         n_tasks = len(batch.trajectories) // self.k
         if self.limit is None:
             idx = list(range(len(batch.trajectories)))
@@ -358,7 +361,7 @@ class EpisodeLog:
         self.penalty, self.seed = float(penalty), int(seed)
         self.text_sink = text_sink
 
-    def train(self, step: int, batch: Any, advantages: Sequence[float]) -> list[dict[str, Any]]:
+    def train(self, step: int, batch: RolloutBatch, advantages: Sequence[float]) -> list[dict[str, Any]]:
         """Write the sample of training step ``step`` (replacing the file of a redone step)."""
         if self.per_step <= 0:
             return []

@@ -15,12 +15,17 @@ training step, so evaluations at different steps see the same random numbers (a 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mas_train.backends.base import SamplingParams
+
+if TYPE_CHECKING:
+    from mas_train.config import ResolvedConfig
+    from mas_train.rollout import RolloutCollector
+    from mas_train.samples import RolloutBatch
 
 __all__ = ["EVAL_SEED_STEP", "eval_sampling", "evaluate"]
 
@@ -29,12 +34,12 @@ EVAL_SEED_STEP = -1
 
 
 def eval_sampling(
-    resolved: Any,
+    resolved: ResolvedConfig,
     *,
     temperature: float | None = None,
     top_p: float | None = None,
     max_new_tokens: int | None = None,
-) -> dict:
+) -> dict[str, SamplingParams]:
     """Per-agent :class:`SamplingParams` for evaluation (the rule in the module docstring).
 
     Args:
@@ -61,15 +66,15 @@ def eval_sampling(
 
 
 def evaluate(
-    collector: Any,
-    tasks: Sequence[Mapping[str, Any]],
+    collector: RolloutCollector,
+    tasks: Sequence[Mapping[str, object]],
     *,
     k: int,
     sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,
     seed_step: int = EVAL_SEED_STEP,
     tasks_per_batch: int = 8,
-    progress: Any = None,
-    on_batch: Any = None,
+    progress: Callable[[int, int], object] | None = None,
+    on_batch: Callable[[RolloutBatch], object] | None = None,
 ) -> dict[str, float]:
     """Run ``k`` episodes of every task and score them.
 

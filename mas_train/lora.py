@@ -19,7 +19,14 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import peft
+    import torch
+    from transformers import PreTrainedModel
+
+    from mas_train.config import LoraConfig
 
 __all__ = [
     "activate",
@@ -35,7 +42,7 @@ __all__ = [
 ]
 
 
-def peft_config(lora: Any):
+def peft_config(lora: LoraConfig) -> peft.LoraConfig:
     """``peft.LoraConfig`` (task ``CAUSAL_LM``) of a :class:`mas_train.config.LoraConfig` (r, alpha, dropout,
     target_modules)."""
     from peft import LoraConfig as PeftLoraConfig
@@ -50,7 +57,7 @@ def peft_config(lora: Any):
     )
 
 
-def _check_targets(model: Any, lora: Any) -> None:
+def _check_targets(model: torch.nn.Module, lora: LoraConfig) -> None:
     # PEFT's own error for a name that matches nothing lists every module of the model; say what to do instead.
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in lora.target_modules if t not in names]
@@ -61,7 +68,7 @@ def _check_targets(model: Any, lora: Any) -> None:
         )
 
 
-def wrap(model: Any, lora: Any, name: str):
+def wrap(model: PreTrainedModel, lora: LoraConfig, name: str) -> peft.PeftModel:
     """Wrap a ``transformers`` causal LM into a ``peft.PeftModel`` with one adapter called ``name``; the base
     weights are frozen (``requires_grad`` False), the adapter is active and trainable.
 
@@ -74,7 +81,7 @@ def wrap(model: Any, lora: Any, name: str):
     return get_peft_model(model, peft_config(lora), adapter_name=name)
 
 
-def add(peft_model: Any, lora: Any, name: str) -> None:
+def add(peft_model: peft.PeftModel, lora: LoraConfig, name: str) -> None:
     """Add a fresh adapter ``name`` to a ``PeftModel`` (another agent's adapter on the same base).
 
     Raises:
@@ -86,7 +93,7 @@ def add(peft_model: Any, lora: Any, name: str) -> None:
     peft_model.add_adapter(name, peft_config(lora))
 
 
-def adapter_names(peft_model: Any) -> list[str]:
+def adapter_names(peft_model: peft.PeftModel) -> list[str]:
     """The adapters of a ``PeftModel``, in the order they were added."""
     return list(peft_model.peft_config)
 
@@ -96,13 +103,13 @@ def is_adapter_param(param_name: str, name: str) -> bool:
     return re.search(rf"\.lora_[A-Za-z_]+\.{re.escape(name)}\.", param_name) is not None
 
 
-def activate(peft_model: Any, name: str, *, trainable: bool = True) -> None:
+def activate(peft_model: peft.PeftModel, name: str, *, trainable: bool = True) -> None:
     """Make adapter ``name`` the one the forward pass uses (PEFT's ``set_adapter``). Its parameters get
     ``requires_grad = trainable``; every other adapter's get False; the base stays frozen."""
     peft_model.set_adapter(name, inference_mode=not trainable)
 
 
-def restore_dropout(peft_model: Any, name: str, p: float) -> None:
+def restore_dropout(peft_model: peft.PeftModel, name: str, p: float) -> None:
     """Set adapter ``name``'s LoRA dropout back to ``p``: TRL's ``disable_dropout`` (which the update needs for
     the base model's own dropout, so the logprobs it trains on are the sampled ones) also zeroes LoRA's."""
     import torch
@@ -117,12 +124,12 @@ def restore_dropout(peft_model: Any, name: str, p: float) -> None:
             drop[name].p = float(p)
 
 
-def adapter_state(peft_model: Any, name: str) -> dict[str, Any]:
+def adapter_state(peft_model: peft.PeftModel, name: str) -> dict[str, torch.Tensor]:
     """The adapter's tensors under the PeftModel's own ``state_dict`` names (what a backend copy needs)."""
     return {n: p for n, p in peft_model.named_parameters() if is_adapter_param(n, name)}
 
 
-def save(peft_model: Any, name: str, folder: str | Path) -> None:
+def save(peft_model: peft.PeftModel, name: str, folder: str | Path) -> None:
     """Write adapter ``name`` in PEFT's format into ``folder`` (``adapter_config.json``,
     ``adapter_model.safetensors``) with ``PeftModel.save_pretrained``."""
     folder = Path(folder)
@@ -138,7 +145,7 @@ def save(peft_model: Any, name: str, folder: str | Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def load(peft_model: Any, name: str, folder: str | Path) -> None:
+def load(peft_model: peft.PeftModel, name: str, folder: str | Path) -> None:
     """Load a PEFT adapter folder's weights into adapter ``name`` (PEFT's ``load_peft_weights`` and
     ``set_peft_model_state_dict``).
 

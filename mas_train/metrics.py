@@ -28,9 +28,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mas_train.samples import RolloutBatch
 
 __all__ = [
     "avg_at_k",
@@ -78,7 +81,7 @@ def update_metrics(group: str, out: Mapping[str, float]) -> dict[str, float]:
     return m
 
 
-def rollout_metrics(batch: Any, penalty: float) -> dict[str, float]:
+def rollout_metrics(batch: RolloutBatch, penalty: float) -> dict[str, float]:
     """Per-step rollout metrics of a :class:`~mas_train.rollout.RolloutBatch` (``charts/…`` and ``env/…``).
 
     ``charts/reward`` and ``charts/success_rate`` average over trajectories; ``charts/score`` averages the

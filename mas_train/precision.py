@@ -20,7 +20,10 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mas_train.config import ResolvedModelGroup
 
 __all__ = [
     "NATIVE_BF16_FLAGS",
@@ -131,7 +134,7 @@ def resolve_precision(
     return Precision("float32", True, f"fp32 master weights and AdamW, bf16 autocast: {why}")
 
 
-def tis_rule(group: Any, precision: Precision) -> tuple[bool, str]:
+def tis_rule(group: ResolvedModelGroup, precision: Precision) -> tuple[bool, str]:
     """Whether model group ``group``'s update applies the importance-sampling correction, and why.
 
     The correction (TRL's ``vllm_importance_sampling_*``, :mod:`mas_train.grpo.importance`) corrects for a sampler
@@ -153,7 +156,10 @@ def tis_rule(group: Any, precision: Precision) -> tuple[bool, str]:
         return bool(given), "as set (grpo.vllm_importance_sampling_correction)"
     if group.backend != "hf":
         return True, f"the {group.backend} backend samples with its own kernels"
-    sampling = getattr(group.backend_options, "dtype", None) or precision.weights
+    from mas_train.backends.options import HFOptions
+
+    opts = group.backend_options
+    sampling = (opts.dtype if isinstance(opts, HFOptions) else None) or precision.weights
     if sampling == "float32" and precision.computes_fp32:
         return False, "fp32 HF sampler and fp32 trainer"
     trainer = "bf16 autocast" if precision.autocast else precision.weights

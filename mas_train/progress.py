@@ -5,7 +5,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from mas_train.config import ResolvedModelGroup
+    from mas_train.run import TrainSummary
+    from mas_train.startup import RunPlan
 
 __all__ = ["bar_text", "eval_progress", "off_the_clock", "print_banner", "print_summary"]
 
@@ -59,7 +64,7 @@ def bar_text(metrics: Mapping[str, float], agents: Sequence[str]) -> str:
     return " ".join(parts)
 
 
-def print_banner(plan: Any, out) -> None:
+def print_banner(plan: RunPlan, out: TextIO) -> None:
     """The start-up lines of ``mas-train`` for a :class:`~mas_train.startup.RunPlan`: env, agents and run folder,
     each model group's source and what it trains, the budget, the data, resumed changes and warnings."""
     from mas_train.config import LAPTOP_DEFAULTS
@@ -96,7 +101,7 @@ def print_banner(plan: Any, out) -> None:
     out.flush()
 
 
-def _precision_note(group: Any, device: str) -> str:
+def _precision_note(group: ResolvedModelGroup, device: str) -> str:
     """``"; fp32: CPU has no native bf16 (AVX2); importance-sampling correction off: fp32 HF sampler and fp32
     trainer"``: the dtype the group's local weights compute in and whether its update corrects for the sampler,
     each with why (:mod:`mas_train.precision`); empty for an endpoint (no local weights)."""
@@ -129,7 +134,7 @@ def _steps(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def print_summary(s: Mapping[str, Any], out) -> None:
+def print_summary(s: TrainSummary, out: TextIO) -> None:
     last, ev, first = s["last"], s["eval"], s.get("first_eval") or {}
     minutes = f"{s['wall_seconds'] / 60:.1f} min"
     start, end, ran = s.get("start_step", 0), s["steps"], s.get("steps_run", s["steps"])

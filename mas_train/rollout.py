@@ -33,13 +33,24 @@ import dataclasses
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from mas_train.backends.base import ChatBackend, GenerationOutput, SamplingParams
+from mas_envs.core import EnvFactory, TranscriptEntry, text_env
+from mas_train.backends.base import (
+    ChatBackend,
+    GenerationOutput,
+    Generator,
+    MixedBatchGenerator,
+    SamplingParams,
+)
 from mas_train.episodes import EpisodeText, TextEvent
 from mas_train.samples import RolloutBatch, Sample, Trajectory
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -57,14 +68,21 @@ class _Turn:
 class _Episode:
     """One env copy during :meth:`RolloutCollector.collect`: its ids, turns so far and, at the end, outcome."""
 
-    def __init__(self, env: Any, task_uid: str, traj_uid: str, data_source: str, task: Mapping) -> None:
+    def __init__(
+        self,
+        env: AECEnv[str, str, str],
+        task_uid: str,
+        traj_uid: str,
+        data_source: str,
+        task: Mapping[str, Any],
+    ) -> None:
         self.env = env
         self.task_uid = task_uid
         self.traj_uid = traj_uid
         self.data_source = data_source
         self.task = task
         self.said: list[TextEvent] = []  # the agents' actions, in order
-        self.transcript: list[Any] = []  # the env's own transcript at the end (TranscriptEntry rows), if any
+        self.transcript: list[TranscriptEntry] = []  # the env's own transcript at the end
         self.turns: list[_Turn] = []
         self.turn_counts: dict[str, int] = defaultdict(int)
         self.live = True
@@ -92,7 +110,7 @@ class _Episode:
             self.team_reward = float(end_info.get("team_reward", 0.0))
             self.success = bool(end_info.get("success", False))
             self.metrics = {str(k): float(v) for k, v in end_info.get("episode_metrics", {}).items()}
-            self.transcript = list(getattr(getattr(env, "unwrapped", env), "transcript", None) or ())
+            self.transcript = list(text_env(env).transcript)
             self.role_rewards = {int(k): float(v) for k, v in end_info.get("role_rewards", {}).items()}
             while env.agents:
                 env.step(None)  # PettingZoo dead steps
@@ -156,36 +174,7 @@ class _Episode:
         )
 
 
-class Generator(Protocol):
-    """What the collector needs of a model group: the backend ``generate`` signature (a backend, a
-    :class:`~mas_train.hosting.worker.ModelGroupWorker`, a Ray handle). Two optional capabilities are declared
-    as protocols of their own and checked with ``isinstance``: :class:`MixedBatchGenerator` (several groups'
-    adapters in one call) and :class:`~mas_train.backends.base.ChatBackend` (chat messages instead of ids)."""
-
-    def generate(
-        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
-    ) -> list[GenerationOutput]: ...
-
-
-@runtime_checkable
-class MixedBatchGenerator(Generator, Protocol):
-    """A generator whose rows can share one batched call with other groups' generators of the same
-    :attr:`mixed_batch_key` (LoRA adapters of several groups on one base model; ``None``: it generates alone)."""
-
-    @property
-    def mixed_batch_key(self) -> int | None: ...
-
-    def generate_mixed(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        sampling: SamplingParams | Sequence[SamplingParams],
-        workers: Sequence[Any],
-    ) -> list[GenerationOutput]:
-        """Row i sampled with ``workers[i]``'s weights (all of this generator's :attr:`mixed_batch_key`)."""
-        ...
-
-
-def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """Render chat ``messages`` with ``tokenizer``'s chat template into prompt token ids.
 
     ``add_generation_prompt=True`` opens the assistant turn. ``enable_thinking=False`` is passed to every
@@ -253,9 +242,9 @@ class RolloutCollector:
 
     def __init__(
         self,
-        env_factory: Callable[[], Any],
+        env_factory: EnvFactory,
         generators: Mapping[str, Generator],
-        tokenizers: Mapping[str, Any],
+        tokenizers: Mapping[str, PreTrainedTokenizerBase],
         agent_groups: Mapping[str, str],
         sampling: Mapping[str, SamplingParams],
         *,
@@ -279,9 +268,9 @@ class RolloutCollector:
         self.max_ticks = max_ticks
         self.seed = seed
         self.mix_adapters = bool(mix_adapters)
-        self._envs: list[Any] = []
+        self._envs: list[AECEnv[str, str, str]] = []
 
-    def _env(self, i: int) -> Any:
+    def _env(self, i: int) -> AECEnv[str, str, str]:
         while len(self._envs) <= i:
             self._envs.append(self.env_factory())
         return self._envs[i]
@@ -289,18 +278,20 @@ class RolloutCollector:
     def close(self) -> None:
         """Close every env the collector created."""
         for env in self._envs:
-            close = getattr(env, "close", None)
-            if close is not None:
-                close()
+            env.close()
         self._envs.clear()
 
     def _sampling_for(
-        self, env: Any, agent: str, override: SamplingParams | Mapping[str, SamplingParams] | None, seed: int
+        self,
+        env: AECEnv[str, str, str],
+        agent: str,
+        override: SamplingParams | Mapping[str, SamplingParams] | None,
+        seed: int,
     ) -> SamplingParams:
         if isinstance(override, Mapping):
             override = override.get(agent)
         base = override if override is not None else self.sampling.get(agent, SamplingParams())
-        env_stops = tuple(getattr(env.unwrapped, "stop_strings", {}).get(agent, ()))
+        env_stops = tuple(text_env(env).stop_strings.get(agent, ()))
         stops = tuple(dict.fromkeys(env_stops + tuple(base.stop)))  # ordered de-dup
         return dataclasses.replace(base, stop=stops, seed=seed)
 
@@ -317,7 +308,7 @@ class RolloutCollector:
 
     def collect(
         self,
-        tasks: Sequence[Mapping[str, Any]],
+        tasks: Sequence[Mapping[str, object]],
         num_generations: int,
         *,
         step: int = 0,

@@ -1,24 +1,74 @@
 """One ``mas-train`` run around the training loop: :func:`train` is the whole command after argument parsing:
-start-up checks (:func:`mas_train.startup.prepare`), resume or "already complete", model loading, the loop
-(:meth:`mas_train.trainer.MultiGroupTrainer.fit`), the plots, the report, the completion marker, the summary."""
+start-up checks (:func:`mas_train.startup.prepare`), resume or "already complete", assembly and model loading
+(:func:`mas_train.assemble.assemble_trainer`), the loop (:meth:`mas_train.trainer.MultiGroupTrainer.fit`), the
+caller's end-of-run work (:class:`EndOfRun`: ``mas-train`` draws the plots and writes the report, both from
+:mod:`mas_train.tools`, which this layer does not import), the completion marker, the summary."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, TypedDict
 
 from tqdm.auto import tqdm
 
+from mas_envs.core import EnvFactory
+from mas_train.assemble import assemble_trainer
 from mas_train.checkpoint import completed_step, list_checkpoints, load_trainer_state, mark_complete
+from mas_train.config import TrainConfig
 from mas_train.progress import print_banner, print_summary
-from mas_train.startup import evaluation_on, prepare, record_config
+from mas_train.startup import RunPlan, evaluation_on, prepare, record_config
 from mas_train.tracking import RunLogger, eval_logged_at, first_eval, last_eval
-from mas_train.trainer import MultiGroupTrainer
 
-__all__ = ["RunInterrupted", "train"]
+__all__ = ["EndOfRun", "RunInterrupted", "TrainSummary", "train"]
+
+
+class TrainSummary(TypedDict):
+    """What :func:`train` returns (the keys are described there)."""
+
+    run_dir: str
+    metrics_file: str | None
+    tensorboard_dir: str | None
+    checkpoint: str | None
+    steps: int
+    steps_run: int
+    start_step: int
+    wall_seconds: float
+    last: dict[str, float]
+    eval: dict[str, float]
+    first_eval: dict[str, float]
+    plots: list[str]
+    report: str | None
+    already_complete: bool
+    finished_only: bool
+
+
+def _no_plots(run_dir: Path, cfg: TrainConfig) -> list[Path]:
+    return []
+
+
+def _no_report(run_dir: Path) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class EndOfRun:
+    """What a run does once trained and finally evaluated, handed to :func:`train` by its caller.
+
+    Attributes:
+        plots: ``plots(run_dir, cfg)`` draws the run's figures; returns their paths (the summary's ``plots``).
+            Also run when a resumed run only lacked its plots.
+        report: ``report(run_dir)`` writes the run's page; returns its path, or ``None`` (the summary's
+            ``report``).
+
+    The default does neither; ``mas-train`` and ``mas-compare`` pass :func:`mas_train.tools.finish.end_of_run`.
+    """
+
+    plots: Callable[[Path, TrainConfig], list[Path]] = _no_plots
+    report: Callable[[Path], str | None] = _no_report
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -36,12 +86,17 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def train(
-    cfg, *, progress: bool = True, out=None, env_factory: Callable[[], Any] | None = None
-) -> dict[str, Any]:
+    cfg: TrainConfig,
+    *,
+    progress: bool = True,
+    out: TextIO | None = None,
+    env_factory: EnvFactory | None = None,
+    end_of_run: EndOfRun | None = None,
+) -> TrainSummary:
     """Train ``cfg`` (a :class:`~mas_train.config.TrainConfig`) to ``max_steps``: the body of ``mas-train``.
 
     A run is complete when it has trained to ``max_steps``, run its final evaluation (when evaluation is on) and
-    drawn its plots; it then writes ``complete.json`` (:func:`mas_train.checkpoint.mark_complete`). ``--resume``
+    drawn its plots (``end_of_run``'s); it then writes ``complete.json`` (:func:`mas_train.checkpoint.mark_complete`). ``--resume``
     of a run whose last checkpoint is at ``max_steps`` but that is not complete (killed during its final
     evaluation) runs only what is missing: the final evaluation (loading the checkpoint's weights), unless its
     line is already in ``metrics.jsonl``, then the plots.
@@ -50,8 +105,8 @@ def train(
         A summary: ``run_dir``, ``metrics_file``, ``tensorboard_dir``, ``checkpoint``, ``steps`` (the run's step
         at the end), ``steps_run`` (training steps this call ran), ``start_step`` (the step it resumed at, 0 for
         a new run), ``wall_seconds``, ``last`` (last step's metrics), ``eval`` (last evaluation), ``first_eval``
-        (the run's first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths), ``report`` (the run's
-        ``report.html``, :mod:`mas_train.tools.report`; ``None`` without jinja2),
+        (the run's first evaluation, step 0 when ``eval_before_training``), ``plots`` (PNG paths) and ``report``
+        (the run's page, ``None``: none written) from ``end_of_run``,
         ``already_complete`` (``True`` when ``--resume`` pointed at a complete run at or past ``max_steps``:
         nothing was run or written), ``finished_only`` (``True`` when only a missing final evaluation / plots
         were done).
@@ -67,23 +122,31 @@ def train(
     plan = prepare(cfg, env_factory=env_factory)
     run_dir = plan.run_dir
     try:
-        return _train(plan, progress=progress, out=out, t_start=t_start)
+        return _train(plan, end_of_run or EndOfRun(), progress=progress, out=out, t_start=t_start)
     except KeyboardInterrupt:
         ckpts = list_checkpoints(run_dir)
         raise RunInterrupted(run_dir, ckpts[-1] if ckpts else None) from None
 
 
-def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
+def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start: float) -> TrainSummary:
 
     cfg, resolved, run_dir, ckpt = plan.config, plan.resolved, plan.run_dir, plan.checkpoint
-    summary: dict[str, Any] = {
+    summary: TrainSummary = {
         "run_dir": str(run_dir),
         "metrics_file": str(run_dir / "metrics.jsonl") if "jsonl" in cfg.report_to else None,
         "tensorboard_dir": str(run_dir / "tb") if "tensorboard" in cfg.report_to else None,
         "checkpoint": str(ckpt) if ckpt else None,
-        **dict.fromkeys(("steps", "steps_run", "start_step"), 0),
-        **{"last": {}, "eval": {}, "first_eval": {}, "plots": [], "report": None},
-        **dict.fromkeys(("already_complete", "finished_only"), False),
+        "steps": 0,
+        "steps_run": 0,
+        "start_step": 0,
+        "wall_seconds": 0.0,  # set before every return
+        "last": {},
+        "eval": {},
+        "first_eval": {},
+        "plots": [],
+        "report": None,
+        "already_complete": False,
+        "finished_only": False,
     }
     finishing = False
     if ckpt is not None:
@@ -98,12 +161,10 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
                     file=out,
                 )
                 out.flush()
-                return {
-                    **summary,
-                    "steps": step,
-                    "wall_seconds": time.perf_counter() - t_start,
-                    "already_complete": True,
-                }
+                summary.update(
+                    {"steps": step, "wall_seconds": time.perf_counter() - t_start, "already_complete": True}
+                )
+                return summary
             finishing = True
             missing = evaluation_on(cfg) and not ("jsonl" in cfg.report_to and eval_logged_at(run_dir, step))
             print(
@@ -114,12 +175,14 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
             out.flush()
             if not missing:
                 summary.update(
-                    steps=step,
-                    finished_only=True,
-                    eval=last_eval(run_dir),
-                    first_eval=first_eval(run_dir),
-                    plots=[str(p) for p in _plots(run_dir, cfg)],
-                    wall_seconds=time.perf_counter() - t_start,
+                    {
+                        "steps": step,
+                        "finished_only": True,
+                        "eval": last_eval(run_dir),
+                        "first_eval": first_eval(run_dir),
+                        "plots": [str(p) for p in end.plots(run_dir, cfg)],
+                        "wall_seconds": time.perf_counter() - t_start,
+                    }
                 )
                 mark_complete(run_dir, step)
                 print_summary(summary, out)
@@ -138,7 +201,7 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     say("  loading models…")
-    trainer = MultiGroupTrainer(
+    trainer = assemble_trainer(
         resolved,
         env_factory=plan.env_factory,
         train_tasks=plan.train_tasks,
@@ -174,16 +237,18 @@ def _train(plan, *, progress: bool, out, t_start: float) -> dict[str, Any]:
         trainer.close()
     ckpts = list_checkpoints(run_dir)
     summary.update(
-        checkpoint=str(ckpts[-1]) if ckpts else None,
-        steps=trainer.step,
-        steps_run=trainer.step - start_step,
-        start_step=start_step,
-        finished_only=finishing,
-        eval=trainer.last_eval,
-        first_eval=trainer.first_eval,
-        plots=[str(p) for p in _plots(run_dir, cfg)],
-        report=_report(run_dir),
-        wall_seconds=time.perf_counter() - t_start,
+        {
+            "checkpoint": str(ckpts[-1]) if ckpts else None,
+            "steps": trainer.step,
+            "steps_run": trainer.step - start_step,
+            "start_step": start_step,
+            "finished_only": finishing,
+            "eval": trainer.last_eval,
+            "first_eval": trainer.first_eval,
+            "plots": [str(p) for p in end.plots(run_dir, cfg)],
+            "report": end.report(run_dir),
+            "wall_seconds": time.perf_counter() - t_start,
+        }
     )
     if trainer.step >= cfg.max_steps:
         mark_complete(run_dir, trainer.step)  # last: everything of the run is on disk
@@ -196,24 +261,3 @@ def _is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
-
-
-def _plots(run_dir: Path, cfg: Any) -> list[Path]:
-    """Draw the run's plots into ``run_dir/plots`` when its metrics were written as JSONL."""
-    if "jsonl" not in cfg.report_to:
-        return []
-    try:
-        from mas_train.tools.plots import plot_run
-    except ImportError:  # matplotlib is part of the train extra; a trimmed install just skips the pictures
-        return []
-    return list(plot_run(run_dir, run_dir / "plots"))
-
-
-def _report(run_dir: Path) -> str | None:
-    """Write ``run_dir/report.html`` (curves, episodes, step 0 vs last evaluation); its path."""
-    try:
-        from mas_train.tools.report import build_run_report
-
-        return str(build_run_report(run_dir))
-    except ImportError:  # jinja2 is part of the train extra; a trimmed install has no page
-        return None

@@ -69,7 +69,7 @@ def check_checkpoint_files(folder: str | Path) -> None:
             )
 
 
-def load_state(path: str | Path) -> Any:
+def load_state(path: str | Path) -> object:
     """Read one ``.pt`` file of a checkpoint without running code from it.
 
     ``torch.load(path, weights_only=True)``: tensors (on the device they were saved from), Python numbers,

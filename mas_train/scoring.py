@@ -10,12 +10,18 @@ rewards its verifier on whether its verdict is right, AT-GRPO mixes a global and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mas_train.config import RewardWeights
+    from mas_train.samples import Sample
 
 __all__ = ["turn_scores"]
 
 
-def turn_scores(samples: Sequence[Any], penalty: float, weights: Mapping[str, Any]) -> list[float]:
+def turn_scores(
+    samples: Sequence[Sample], penalty: float, weights: Mapping[str, RewardWeights]
+) -> list[float]:
     """One score per sample, in order.
 
     Args:

@@ -21,9 +21,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from mas_train.config import ConfigError
+from mas_envs.core import EnvFactory, text_env
+from mas_train.backends.options import OpenAIOptions, SGLangHTTPOptions, VLLMHTTPOptions
+from mas_train.config import ConfigError, ResolvedConfig, ResolvedModelGroup, TrainConfig
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -82,14 +87,14 @@ class RunPlan:
             yet: it may still be loading its index).
     """
 
-    config: Any
-    resolved: Any
-    env_factory: Callable[[], Any]
-    probe: Any
-    train_tasks: list[dict[str, Any]]
-    eval_tasks: list[dict[str, Any]] | None
+    config: TrainConfig
+    resolved: ResolvedConfig
+    env_factory: EnvFactory
+    probe: AECEnv[str, str, str]
+    train_tasks: list[dict[str, object]]
+    eval_tasks: list[dict[str, object]] | None
     checkpoint: Path | None = None
-    changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    changes: dict[str, tuple[object, object]] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -97,7 +102,7 @@ class RunPlan:
         return self.resolved.run_dir
 
 
-def resume_target(cfg: Any) -> tuple[Any, Path | None, dict[str, tuple[Any, Any]]]:
+def resume_target(cfg: TrainConfig) -> tuple[TrainConfig, Path | None, dict[str, tuple[object, object]]]:
     """Resolve ``cfg.resume`` and check what the resumed run changes.
 
     Returns:
@@ -109,7 +114,7 @@ def resume_target(cfg: Any) -> tuple[Any, Path | None, dict[str, tuple[Any, Any]
         ConfigError: a change that a resumed run cannot honour (see the module docstring).
     """
     from mas_train.checkpoint import find_checkpoint
-    from mas_train.config import TrainConfig, config_diff
+    from mas_train.config import config_diff
 
     if not cfg.resume:
         return cfg, None, {}
@@ -132,12 +137,12 @@ def resume_target(cfg: Any) -> tuple[Any, Path | None, dict[str, tuple[Any, Any]
     return cfg, ckpt, {k: v for k, v in changes.items() if k.split(".", 1)[0] not in ("resume",)}
 
 
-def make_env_factory(cfg: Any) -> Callable[[], Any]:
+def make_env_factory(cfg: TrainConfig) -> EnvFactory:
     """``lambda: mas_envs.make(cfg.env, **cfg.env_make_kwargs())`` (a named function, so Ray can pickle it)."""
     kwargs = cfg.env_make_kwargs()
     env_id = cfg.env
 
-    def env_factory():
+    def env_factory() -> AECEnv[str, str, str]:
         import mas_envs
 
         return mas_envs.make(env_id, **kwargs)
@@ -145,14 +150,13 @@ def make_env_factory(cfg: Any) -> Callable[[], Any]:
     return env_factory
 
 
-def check_reward_weights(resolved: Any, probe: Any) -> None:
+def check_reward_weights(resolved: ResolvedConfig, probe: AECEnv[str, str, str]) -> None:
     """Refuse a role weight for an agent the env gives no role score (it could never be honoured).
 
     Raises:
         ConfigError: one line naming the agent, the env's role-scored agents and what to do.
     """
-    env = probe.unwrapped
-    scored = tuple(getattr(type(env), "role_reward_agents", ()))
+    scored = text_env(probe).role_reward_agents
     for name, agent in resolved.agents.items():
         if agent.reward_weights.role != 0.0 and name not in scored:
             gives = f"gives role scores to {', '.join(scored)} only" if scored else "gives no role scores"
@@ -163,7 +167,7 @@ def check_reward_weights(resolved: Any, probe: Any) -> None:
             )
 
 
-def probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
+def probe_env(cfg: TrainConfig, factory: EnvFactory) -> AECEnv[str, str, str]:
     """``factory()``, with an unknown env id or an env argument the env does not take turned into a
     :class:`ConfigError` that says where to look.
 
@@ -183,7 +187,7 @@ def probe_env(cfg: Any, factory: Callable[[], Any]) -> Any:
         ) from None
 
 
-def load_task_rows(what: str, loader: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def load_task_rows(what: str, loader: Callable[[], list[dict[str, object]]]) -> list[dict[str, object]]:
     """``loader()``'s rows, with a missing, unreadable or empty data source turned into one
     :class:`ConfigError` line that starts with ``what`` (and names ``data_fields`` for a missing column).
 
@@ -211,18 +215,18 @@ def load_task_rows(what: str, loader: Callable[[], list[dict[str, Any]]]) -> lis
     return rows
 
 
-def group_source(group: Any) -> str:
+def group_source(group: ResolvedModelGroup) -> str:
     """Where a resolved model group's turns come from, for start-up lines: ``openai endpoint URL (model M)``,
     ``sglang server URL``, or ``MODEL (BACKEND)`` for weights loaded here."""
     opts = group.backend_options
-    if group.backend == "openai":
+    if isinstance(opts, OpenAIOptions):
         return f"openai endpoint {opts.base_url} (model {opts.model})"
-    if group.backend in ("sglang_http", "vllm_http") and getattr(opts, "url", None):
+    if isinstance(opts, SGLangHTTPOptions | VLLMHTTPOptions) and opts.url:
         return f"{group.backend.split('_')[0]} server {opts.url}"
     return f"{group.model} ({group.backend})"
 
 
-def check_models(resolved: Any) -> None:
+def check_models(resolved: ResolvedConfig) -> None:
     """Every model group's model can be found (:func:`mas_train.models.check_model_source`), before any loads.
 
     Raises:
@@ -242,7 +246,7 @@ def check_models(resolved: Any) -> None:
             raise ConfigError(f"{where}: {err}") from None
 
 
-def check_api_keys(resolved: Any) -> None:
+def check_api_keys(resolved: ResolvedConfig) -> None:
     """An ``openai`` group whose API key variable is unset is a user mistake: say so before any model loads.
 
     Raises:
@@ -251,7 +255,8 @@ def check_api_keys(resolved: Any) -> None:
     import os
 
     for g, rg in resolved.model_groups.items():
-        env_var = getattr(rg.backend_options, "api_key_env", None) if rg.backend == "openai" else None
+        opts = rg.backend_options
+        env_var = opts.api_key_env if isinstance(opts, OpenAIOptions) else None
         if env_var and not os.environ.get(env_var):
             raise ConfigError(
                 f"model_groups.{g}: environment variable {env_var!r} (backend_options.api_key_env) is unset or "
@@ -260,12 +265,12 @@ def check_api_keys(resolved: Any) -> None:
             )
 
 
-def evaluation_on(cfg: Any) -> bool:
+def evaluation_on(cfg: TrainConfig) -> bool:
     """Whether the run evaluates at all: ``eval_steps > 0`` (``eval_before_training`` adds step 0 to it)."""
     return bool(cfg.eval_steps)
 
 
-def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPlan:
+def prepare(cfg: TrainConfig, *, env_factory: EnvFactory | None = None) -> RunPlan:
     """Check and resolve everything about a run that needs no model (see the module docstring).
 
     Args:
@@ -316,7 +321,7 @@ def prepare(cfg: Any, *, env_factory: Callable[[], Any] | None = None) -> RunPla
         eval_tasks=evals,
         checkpoint=ckpt,
         changes=changes,
-        warnings=[*notes, *getattr(probe.unwrapped, "startup_warnings", list)()],
+        warnings=[*notes, *text_env(probe).startup_warnings()],
     )
 
 

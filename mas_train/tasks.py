@@ -15,11 +15,17 @@ run would.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mas_envs.core import text_env
 from mas_train.config.common import ConfigError
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
+
+    from mas_train.config.train import TrainConfig
 
 __all__ = ["NoEvalTasksError", "TaskSampler", "eval_source", "eval_tasks", "train_tasks"]
 
@@ -29,13 +35,13 @@ class NoEvalTasksError(ConfigError):
     :class:`~mas_train.config.ConfigError`, printed as one line)."""
 
 
-def _load(source: Any, fields: Mapping[str, str] | None) -> list[dict[str, Any]]:
+def _load(source: str, fields: Mapping[str, str] | None) -> list[dict[str, object]]:
     from mas_envs.data import load_tasks
 
     return list(load_tasks(source, fields=dict(fields) if fields else None))
 
 
-def train_tasks(cfg: Any, env: Any) -> list[dict[str, Any]]:
+def train_tasks(cfg: TrainConfig, env: AECEnv[str, str, str]) -> list[dict[str, object]]:
     """Training rows of ``cfg`` (a ``TrainConfig``) for ``env`` (a made env, wrapped or not).
 
     Raises:
@@ -43,19 +49,20 @@ def train_tasks(cfg: Any, env: Any) -> list[dict[str, Any]]:
     """
     if cfg.train_data is not None:
         return _load(cfg.train_data, cfg.data_fields)
-    return [dict(t) for t in env.unwrapped.tasks]
+    return [dict(t) for t in text_env(env).tasks]
 
 
-def eval_source(cfg: Any, env: Any) -> Any:
+def eval_source(cfg: TrainConfig, env: AECEnv[str, str, str]) -> str | None:
     """The evaluation source of ``cfg`` for ``env``: ``eval_data``, else the env's own
     (``TextAECEnv.eval_task_source``), else ``None``."""
     if cfg.eval_data is not None:
         return cfg.eval_data
-    own = getattr(env.unwrapped, "eval_task_source", None)
-    return own() if callable(own) else None
+    return text_env(env).eval_task_source()
 
 
-def eval_tasks(cfg: Any, env: Any, *, limit: int | None = None) -> list[dict[str, Any]]:
+def eval_tasks(
+    cfg: TrainConfig, env: AECEnv[str, str, str], *, limit: int | None = None
+) -> list[dict[str, object]]:
     """Evaluation rows (the first ``limit`` when given).
 
     Raises:
@@ -90,7 +97,7 @@ class TaskSampler:
         ValueError: no tasks.
     """
 
-    def __init__(self, tasks: Sequence[Mapping[str, Any]], seed: int = 0, *, shuffle: bool = True) -> None:
+    def __init__(self, tasks: Sequence[Mapping[str, object]], seed: int = 0, *, shuffle: bool = True) -> None:
         if not tasks:
             raise ValueError("no training tasks: check train_data (or the env's default task list)")
         self.tasks = list(tasks)
@@ -106,7 +113,7 @@ class TaskSampler:
             self._order = (epoch, perm)
         return self._order[1]
 
-    def next(self, n: int) -> list[dict[str, Any]]:
+    def next(self, n: int) -> list[dict[str, object]]:
         """The next ``n`` tasks (crossing into the next epoch when needed)."""
         out = []
         for _ in range(n):

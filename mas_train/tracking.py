@@ -44,7 +44,7 @@ class RunLogger:
         report_to: Sequence[str] = ("jsonl", "tensorboard"),
         *,
         run_name: str = "",
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, object] | None = None,
         resume_step: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -82,7 +82,7 @@ class RunLogger:
             except ImportError:
                 logger.warning("report_to wandb, but wandb is not installed (pip install wandb); skipping it")
 
-    def log(self, step: int, metrics: Mapping[str, float], extra: Mapping[str, Any] | None = None) -> None:
+    def log(self, step: int, metrics: Mapping[str, float], extra: Mapping[str, object] | None = None) -> None:
         """Record ``metrics`` at ``step``; ``extra`` (JSON-able, e.g. task ids) goes to the JSONL line only."""
         clean = {
             k: (float(v) if v is not None and math.isfinite(float(v)) else None) for k, v in metrics.items()
@@ -149,7 +149,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _evals(run_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
+def _evals(run_dir: str | Path) -> list[tuple[int, dict[str, float]]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
@@ -160,13 +160,13 @@ def _evals(run_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
     return [(step, ev) for step, ev in lines if ev]
 
 
-def first_eval(run_dir: str | Path) -> dict[str, Any]:
+def first_eval(run_dir: str | Path) -> dict[str, float]:
     """The ``eval/…`` metrics of the first evaluation line of a run's ``metrics.jsonl`` (``{}`` without one)."""
     evals = _evals(run_dir)
     return evals[0][1] if evals else {}
 
 
-def last_eval(run_dir: str | Path) -> dict[str, Any]:
+def last_eval(run_dir: str | Path) -> dict[str, float]:
     """The ``eval/…`` metrics of the last evaluation line of a run's ``metrics.jsonl`` (``{}`` without one)."""
     evals = _evals(run_dir)
     return evals[-1][1] if evals else {}

@@ -21,15 +21,17 @@ model loading, the loop of :meth:`MultiGroupTrainer.fit`, the summary. One step
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from mas_envs.core import text_env
 from mas_train.advantages import compute_advantages_with_stats
 from mas_train.checkpoint import (
+    TrainerState,
     load_trainer_state,
     prune_checkpoints,
     rng_state,
@@ -38,16 +40,15 @@ from mas_train.checkpoint import (
 )
 from mas_train.episodes import EpisodeLog
 from mas_train.eval import eval_sampling, evaluate
-from mas_train.hosting.pools import make_pool
-from mas_train.hosting.protocols import WorkerPool
 from mas_train.lemma_stats import lemma_metrics, lld_metrics
 from mas_train.metrics import rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
-from mas_train.rollout import RolloutCollector
 from mas_train.scoring import turn_scores
-from mas_train.startup import make_env_factory
-from mas_train.tasks import TaskSampler, eval_tasks
-from mas_train.tasks import train_tasks as default_train_tasks
+from mas_train.tasks import TaskSampler
+
+if TYPE_CHECKING:
+    from mas_train.assemble import RunParts
+    from mas_train.tracking import RunLogger
 
 __all__ = ["MultiGroupTrainer"]
 
@@ -56,12 +57,9 @@ class MultiGroupTrainer:
     """Drives Dr. MAS training over every model group of a run.
 
     Args:
-        resolved: the run's :class:`~mas_train.config.ResolvedConfig` (``TrainConfig.resolve``).
-        pool: a started or unstarted worker pool (default: :func:`mas_train.hosting.pools.make_pool`).
-        env_factory: zero-argument env constructor (default: ``mas_envs.make(config.env, **env kwargs)``).
-        train_tasks: task rows (default: :func:`mas_train.tasks.train_tasks`).
-        eval_tasks: evaluation rows (default: :func:`mas_train.tasks.eval_tasks`, read on first use).
-        probe: an env already made by ``env_factory`` (the start-up checks' one); made here when not given.
+        parts: the run's parts (:func:`mas_train.assemble.assemble`: its resolved config, env factory and probe
+            env, task sources, started pool and collector); :func:`mas_train.assemble.assemble_trainer` builds
+            them and this trainer in one call. The trainer builds no collaborator of its own.
 
     Attributes:
         step: completed training steps.
@@ -70,44 +68,20 @@ class MultiGroupTrainer:
             ``eval_before_training``).
     """
 
-    def __init__(
-        self,
-        resolved,
-        *,
-        pool: WorkerPool | None = None,
-        env_factory: Callable[[], Any] | None = None,
-        train_tasks: Sequence[Mapping[str, Any]] | None = None,
-        eval_tasks: Sequence[Mapping[str, Any]] | None = None,
-        probe: Any = None,
-    ) -> None:
-
-        self.resolved = resolved
+    def __init__(self, parts: RunParts) -> None:
+        resolved = self.resolved = parts.resolved
         cfg = self.cfg = resolved.config
-        self.env_factory = env_factory or make_env_factory(cfg)
-        self._probe = probe if probe is not None else self.env_factory()
-        self.penalty = float(self._probe.unwrapped.invalid_action_penalty)
-        if train_tasks is None:
-            train_tasks = default_train_tasks(cfg, self._probe)
-        self._eval_tasks: list[dict[str, Any]] | None = (
-            [dict(t) for t in eval_tasks] if eval_tasks is not None else None
-        )
-        self.sampler = TaskSampler(train_tasks, seed=cfg.seed)
-        self.pool = pool if pool is not None else make_pool(resolved)
-        self.pool.start()
+        self.env_factory = parts.env_factory
+        self.penalty = float(text_env(parts.probe).invalid_action_penalty)
+        self._eval_tasks = parts.eval_tasks
+        self.sampler = TaskSampler(parts.train_tasks, seed=cfg.seed)
+        self.pool = parts.pool
+        self.collector = parts.collector
         self.groups = list(resolved.model_groups)
         if cfg.log_agent_grad_norms is None:
             self.agent_grad_norms = all(self.pool.worker(g).num_parameters < 1e9 for g in self.groups)
         else:
             self.agent_grad_norms = bool(cfg.log_agent_grad_norms)
-        self.collector = RolloutCollector(
-            self.env_factory,
-            generators={g: self.pool.worker(g) for g in self.groups},
-            tokenizers={g: self.pool.tokenizer(g) for g in self.groups},
-            agent_groups=resolved.agent_to_group,
-            sampling={a: ra.sampling_params() for a, ra in resolved.agents.items()},
-            max_prompt_length=cfg.max_prompt_length,
-            seed=cfg.seed,
-        )
         self.step = 0
         self.run_dir = resolved.run_dir
         self.episodes = EpisodeLog(  # RUN/rollouts/: what the agents said (mas_train.episodes)
@@ -123,15 +97,14 @@ class MultiGroupTrainer:
 
     # -- data -----------------------------------------------------------------------------------------------
     @property
-    def eval_tasks(self) -> list[dict[str, Any]]:
-        """Evaluation rows (see :func:`mas_train.tasks.eval_tasks`), cut to ``eval_num_tasks``."""
-        rows = self._eval_tasks
-        if rows is None:
-            rows = self._eval_tasks = eval_tasks(self.cfg, self._probe, limit=self.cfg.eval_num_tasks)
+    def eval_tasks(self) -> list[dict[str, object]]:
+        """Evaluation rows (the parts' source, :func:`mas_train.tasks.eval_tasks` by default), cut to
+        ``eval_num_tasks``."""
+        rows = self._eval_tasks()
         return rows[: self.cfg.eval_num_tasks] if self.cfg.eval_num_tasks else rows
 
     # -- one step -------------------------------------------------------------------------------------------
-    def train_step(self) -> tuple[dict[str, float], dict[str, Any]]:
+    def train_step(self) -> tuple[dict[str, float], dict[str, object]]:
         """Run one training step (see the module docstring).
 
         Returns:
@@ -237,7 +210,7 @@ class MultiGroupTrainer:
         return result
 
     # -- checkpoints ----------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> TrainerState:
 
         return {
             "step": self.step,
@@ -281,7 +254,7 @@ class MultiGroupTrainer:
     # -- the loop -------------------------------------------------------------------------------------------
     def fit(
         self,
-        logger: Any,
+        logger: RunLogger,
         *,
         progress: bool = True,
         say: Callable[[str], None] = print,

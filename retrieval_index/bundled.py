@@ -1,6 +1,6 @@
 """The bundled HotpotQA default: questions, their Wikipedia paragraphs as a corpus, and precomputed embeddings.
 
-Files (``mas_envs/data/hotpotqa/``, shipped as package data of ``mas_envs``; CC BY-SA 4.0, see ``NOTICE.md``)::
+Files (``mas_envs/bundled/hotpotqa/``, shipped as package data of ``mas_envs``; CC BY-SA 4.0, see ``NOTICE.md``)::
 
     hotpotqa_train.jsonl  the first 100 of 150 HotpotQA dev (distractor) questions: id, question,
                        golden_answers, data_source, type, level, supporting_titles, supporting_ids (corpus ids
@@ -11,7 +11,8 @@ Files (``mas_envs/data/hotpotqa/``, shipped as package data of ``mas_envs``; CC 
     embeddings/        the corpus embedded with the default encoder, in the embedding-cache layout
                        (:mod:`retrieval_index.cache`), so :func:`default_retriever` only embeds queries
 
-:func:`make_hotpotqa_bundle` regenerates all of it from ``shared/data`` (``python -m retrieval_index.bundled``).
+:func:`make_hotpotqa_bundle` regenerates all of it from the HotpotQA dev (distractor) file and the multi-hop
+Wikipedia corpus (``python -m retrieval_index.bundled --questions Q --corpus C``, or ``MAS_RL_SHARED_DATA`` set).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def bundled_dir() -> Path:
         raise FileNotFoundError(
             "the bundled HotpotQA files ship in the mas_envs package, which is not installed"
         )
-    return Path(spec.submodule_search_locations[0]) / "data" / "hotpotqa"
+    return Path(spec.submodule_search_locations[0]) / "bundled" / "hotpotqa"
 
 
 def bundled_corpus_path() -> Path:
@@ -133,9 +134,9 @@ def make_hotpotqa_bundle(
     rest), ``corpus.jsonl`` and ``embeddings/`` into ``out_dir``.
 
     Args:
-        questions_src: HotpotQA distractor-setting JSONL (``shared/data/hotpotqa/dev_distractor_ctx1100.jsonl``).
-        corpus_src: paragraph corpus holding every context paragraph (``shared/data/corpus/multihop_wiki_corpus.jsonl``).
-        out_dir: destination (normally ``mas_envs/data/hotpotqa``).
+        questions_src: HotpotQA distractor-setting JSONL (``hotpotqa/dev_distractor_ctx1100.jsonl`` of the shared data).
+        corpus_src: paragraph corpus holding every context paragraph (``corpus/multihop_wiki_corpus.jsonl`` of the shared data).
+        out_dir: destination (normally ``mas_envs/bundled/hotpotqa``).
         num_questions: how many questions, taken in file order.
         batch_size: passages per encoder call.
 
@@ -171,17 +172,31 @@ def make_hotpotqa_bundle(
 
 
 def main(argv: list[str] | None = None) -> None:
-    shared = Path(os.environ.get("MAS_RL_SHARED_DATA", "../shared/data"))
+    """``python -m retrieval_index.bundled``: the source files are named by ``--questions`` / ``--corpus``, or
+    found under ``$MAS_RL_SHARED_DATA`` (``hotpotqa/dev_distractor_ctx1100.jsonl``,
+    ``corpus/multihop_wiki_corpus.jsonl``); nothing outside the repository is assumed."""
+    shared_env = os.environ.get("MAS_RL_SHARED_DATA")
+    shared = Path(shared_env) if shared_env else None
     parser = argparse.ArgumentParser(
         description="Regenerate the bundled HotpotQA questions, corpus and embeddings."
     )
     parser.add_argument(
-        "--questions", type=Path, default=shared / "hotpotqa" / "dev_distractor_ctx1100.jsonl"
+        "--questions",
+        type=Path,
+        default=shared / "hotpotqa" / "dev_distractor_ctx1100.jsonl" if shared else None,
+        help="HotpotQA dev (distractor) questions (default: under $MAS_RL_SHARED_DATA)",
     )
-    parser.add_argument("--corpus", type=Path, default=shared / "corpus" / "multihop_wiki_corpus.jsonl")
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=shared / "corpus" / "multihop_wiki_corpus.jsonl" if shared else None,
+        help="the multi-hop Wikipedia corpus (default: under $MAS_RL_SHARED_DATA)",
+    )
     parser.add_argument("--out", type=Path, default=bundled_dir())
     parser.add_argument("--num-questions", type=int, default=NUM_QUESTIONS)
     args = parser.parse_args(argv)
+    if args.questions is None or args.corpus is None:
+        parser.error("name the source files with --questions and --corpus, or set MAS_RL_SHARED_DATA")
     print(
         json.dumps(make_hotpotqa_bundle(args.questions, args.corpus, args.out, args.num_questions), indent=2)
     )

@@ -10,7 +10,7 @@ Layout (one folder per encoder and corpus content)::
 
 Chunks are written atomically (temp file + ``os.replace``), so a killed build resumes from its last finished
 chunk, and an unchanged corpus is never embedded twice. The bundled HotpotQA corpus ships its
-``embeddings.npy`` in exactly this layout (``mas_envs/data/hotpotqa/embeddings``), which is why the default
+``embeddings.npy`` in exactly this layout (``mas_envs/bundled/hotpotqa/embeddings``), which is why the default
 index assembles in about a second. float16 keeps the cache half the size; the cosine error it introduces is
 below 1e-3 and vectors are re-normalised in float32 when the index is built.
 """

@@ -273,7 +273,7 @@ def probe_http(openai_default: bool) -> None:
 
 def probe_grader() -> None:
     from mas_envs.rewards import _worker
-    from mas_envs.rewards.math import grade_math
+    from mas_envs.rewards.math_grade import grade_math
 
     hang = r"\boxed{9^{9^{9^{9}}}}"
     warm = [threading.Thread(target=grade_math, args=(r"\boxed{1}", "2")) for _ in range(_worker.MAX_WORKERS)]

@@ -91,11 +91,11 @@ def test_readme_command_runs(cmd, runs_dir, capsys):
         assert exit_info.value.code in (0, None)
         assert capsys.readouterr().out.strip()
         return
+    from mas_train.cli import run_training
     from mas_train.config import parse_args
-    from mas_train.run import train
 
     cfg = _tiny(parse_args([*args, *SHRINK, "--output_dir", str(runs_dir)]))
-    summary = train(cfg, progress=False)
+    summary = run_training(cfg, progress=False)
     assert summary["steps"] == cfg.max_steps and summary["checkpoint"], summary
     assert summary["eval"] or summary["already_complete"], summary
     if not summary["already_complete"]:  # every run draws its pictures: reward and evaluation at least

@@ -1,9 +1,10 @@
-"""Bounded math-verify comparisons in worker processes (used by `mas_envs.rewards.math.grade_math`).
+"""Bounded math-verify comparisons in worker processes (used by `mas_envs.rewards.math_grade.grade_math`).
 
 Why a process: SymPy's big-integer arithmetic (e.g. `9^{9^{9^9}}`) runs in C while holding the GIL, so
 neither math-verify's `signal.alarm` timeout (main thread only) nor a worker thread can stop it; killing a
-process can. Each worker is this file run as a script (`python -P -u _worker.py`; `-P` keeps its folder, which holds a `math.py`, off `sys.path`), so it needs no import of
-`mas_envs` and works however the parent was started. Protocol: one JSON line per request
+process can. Each worker is this file run as a script (`python -u _worker.py`; its folder, first on the
+worker's `sys.path`, holds no module named like a standard one: the math grader is `math_grade.py`), so it
+needs no import of `mas_envs` and works however the parent was started. Protocol: one JSON line per request
 `{"pred": str, "golds": [str, ...]}` on stdin, one JSON line `{"ok": bool}` on stdout.
 
 The parent keeps a pool of at most `MAX_WORKERS` workers (one per usable CPU, 2 to 8), shared by all threads;
@@ -70,7 +71,7 @@ class _Worker:
     @staticmethod
     def _popen() -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-P", "-u", os.path.abspath(__file__), str(os.getpid())],
+            [sys.executable, "-u", os.path.abspath(__file__), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -14,9 +14,15 @@ import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast, overload
 
-from mas_train.backends.base import FinishReason, GenerationBackend, GenerationOutput, SamplingParams
+from mas_train.backends.base import (
+    BackendOptions,
+    FinishReason,
+    GenerationBackend,
+    GenerationOutput,
+    SamplingParams,
+)
 from mas_train.backends.options import (
     HFOptions,
     OpenAIOptions,
@@ -24,6 +30,12 @@ from mas_train.backends.options import (
     SGLangHTTPOptions,
     VLLMHTTPOptions,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from mas_train.config import ResolvedModelGroup
+
 
 __all__ = [
     "BACKEND_KINDS",
@@ -103,7 +115,12 @@ def backend_kind(name: str) -> BackendKind:
         raise ValueError(f"unknown backend {name!r}; choose one of {list(_REGISTRY)}.{hint}") from None
 
 
-def _make_hf(options: HFOptions, model: Any, tokenizer: Any, group: Any = None) -> GenerationBackend:
+def _make_hf(
+    options: HFOptions,
+    model: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    group: ResolvedModelGroup | None = None,
+) -> GenerationBackend:
     if model is None or tokenizer is None:
         raise ValueError("the hf backend needs the model group's model and tokenizer")
     import torch
@@ -119,7 +136,12 @@ def _make_hf(options: HFOptions, model: Any, tokenizer: Any, group: Any = None) 
     return HFBackend(model, tokenizer, **kwargs)
 
 
-def _make_openai(options: OpenAIOptions, model: Any, tokenizer: Any, group: Any = None) -> GenerationBackend:
+def _make_openai(
+    options: OpenAIOptions,
+    model: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    group: ResolvedModelGroup | None = None,
+) -> GenerationBackend:
     from mas_train.backends.openai import OpenAIBackend
 
     return OpenAIBackend(options, tokenizer)
@@ -152,7 +174,7 @@ register_backend("openai", OpenAIOptions, _make_openai, can_train=False, install
 BACKEND_KINDS: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def build_options(kind: str, options: Any = None) -> Any:
+def build_options(kind: str, options: BackendOptions | Mapping[str, object] | None = None) -> BackendOptions:
     """``options`` as an instance of ``kind``'s options dataclass: ``None`` = its defaults; a mapping is passed
     as keyword arguments; an instance of the class is returned as it is.
 
@@ -162,7 +184,7 @@ def build_options(kind: str, options: Any = None) -> Any:
     """
     cls = backend_kind(kind).options
     if isinstance(options, cls):
-        return options
+        return cast(BackendOptions, options)  # an instance of the kind's registered dataclass
     if options is None:
         options = {}
     if not isinstance(options, Mapping):
@@ -173,11 +195,36 @@ def build_options(kind: str, options: Any = None) -> Any:
             close = difflib.get_close_matches(str(key), names, n=2, cutoff=0.6)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
             raise ValueError(f"backend {kind!r} has no option {key!r}.{hint} Its options: {', '.join(names)}")
-    return cls(**options)
+    built: BackendOptions = cls(**options)
+    return built
+
+
+@overload
+def make_backend(
+    kind: ResolvedModelGroup,
+    options: PreTrainedModel | None = None,
+    model: PreTrainedTokenizerBase | None = None,
+) -> GenerationBackend: ...
+
+
+@overload
+def make_backend(
+    kind: str,
+    options: BackendOptions | Mapping[str, object] | None = None,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    group: ResolvedModelGroup | None = None,
+) -> GenerationBackend: ...
 
 
 def make_backend(
-    kind: Any, options: Any = None, model: Any = None, tokenizer: Any = None, *, group: Any = None
+    kind: str | ResolvedModelGroup,
+    options: object = None,
+    model: object = None,
+    tokenizer: object = None,
+    *,
+    group: ResolvedModelGroup | None = None,
 ) -> GenerationBackend:
     """Build a generation backend.
 
@@ -204,4 +251,6 @@ def make_backend(
         kind = group.backend
         options = getattr(group, "backend_options", None)
     spec = backend_kind(kind)
-    return spec.load_factory()(build_options(kind, options), model, tokenizer, group)
+    # build_options refuses (TypeError) anything but the kind's options class or a mapping
+    built = build_options(kind, cast("BackendOptions | Mapping[str, object] | None", options))
+    return spec.load_factory()(built, model, tokenizer, group)

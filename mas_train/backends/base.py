@@ -11,8 +11,8 @@ decoded for the environment only; it is never re-tokenised to rebuild a training
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from dataclasses import Field, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch is only needed by implementations, never to import this module
     import torch
@@ -158,3 +158,40 @@ class UsageReporter(Protocol):
 
     @property
     def usage(self) -> Mapping[str, float]: ...
+
+
+class BackendOptions(Protocol):
+    """The options of any backend kind: an instance of the dataclass registered for the kind
+    (:func:`mas_train.backends.register_backend`); the built-in ones are in :mod:`mas_train.backends.options`.
+    Code that reads a kind's own fields narrows with ``isinstance`` first."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+
+class Generator(Protocol):
+    """What the collector needs of a model group: the backend ``generate`` signature (a backend, a
+    :class:`~mas_train.hosting.worker.ModelGroupWorker`, a Ray handle). Two optional capabilities are declared
+    as protocols of their own and checked with ``isinstance``: :class:`MixedBatchGenerator` (several groups'
+    adapters in one call) and :class:`~mas_train.backends.base.ChatBackend` (chat messages instead of ids)."""
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationOutput]: ...
+
+
+@runtime_checkable
+class MixedBatchGenerator(Generator, Protocol):
+    """A generator whose rows can share one batched call with other groups' generators of the same
+    :attr:`mixed_batch_key` (LoRA adapters of several groups on one base model; ``None``: it generates alone)."""
+
+    @property
+    def mixed_batch_key(self) -> int | None: ...
+
+    def generate_mixed(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+        workers: Sequence[Any],
+    ) -> list[GenerationOutput]:
+        """Row i sampled with ``workers[i]``'s weights (all of this generator's :attr:`mixed_batch_key`)."""
+        ...

@@ -6,12 +6,13 @@ weight-update tensors, and the defensive stop-string cut of a completion that ra
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mas_train.backends.base import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["earliest_stop", "named_tensor_list", "per_prompt_sampling", "validate_prompts"]
 
@@ -62,7 +63,7 @@ def named_tensor_list(
 
 
 def earliest_stop(
-    completion_ids: Sequence[int], stops: Sequence[str], tokenizer: Any
+    completion_ids: Sequence[int], stops: Sequence[str], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[int, str] | None:
     """Index ``i`` of the first token after which the decoded completion contains a stop string, and that string.
 

@@ -12,9 +12,8 @@ Reliability rules:
 
 * ``timeout_s`` bounds each whole attempt (connect, send, the full reply: the client's transport is
   :class:`retrieval_index.deadline_http.DeadlineTransport`, so a server that trickles its reply cannot stretch it).
-  Retries are the client's own: up to ``max_retries`` retries on
-  connection errors, timeouts, 408/409/429 and 5xx, with exponential backoff (0.5 s doubling to 8 s, 0-25 %
-  jitter) or the server's ``Retry-After`` / ``retry-after-ms`` when it sends one.
+  Retries are the client's own: up to ``max_retries`` on connection errors, timeouts, 408/409/429 and 5xx, with
+  exponential backoff (0.5 s doubling to 8 s, 0-25 % jitter) or the server's ``Retry-After`` / ``retry-after-ms``.
 * A server that is still unreachable, timing out or failing after the retries, or that rejects the request
   (401 key, 404 model/route, 400 a parameter), raises :class:`OpenAIBackendError` naming ``base_url``: that is
   a configuration problem, not something to train through.
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
 from mas_train.backends.endpoint_keys import key_env_for, private_transport
@@ -90,7 +90,7 @@ class OpenAIBackend:
 
     can_train = False
 
-    def __init__(self, options: OpenAIOptions, tokenizer: Any) -> None:
+    def __init__(self, options: OpenAIOptions, tokenizer: PreTrainedTokenizerBase) -> None:
         try:
             import openai
         except ImportError as err:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mas_train.config.sections import LoraConfig
 
 __all__ = [
     "SGLANG_LORA_ARGS",
@@ -144,7 +147,7 @@ class _SGLangCommon:
         if self.lora_target_modules is not None and not self.lora_target_modules:
             raise ValueError("lora_target_modules must name at least one module (or ['all']), or be None")
 
-    def lora_server_args(self, lora: Any, group: str = "<group>") -> dict[str, Any]:
+    def lora_server_args(self, lora: LoraConfig | None, group: str = "<group>") -> dict[str, object]:
         """The SGLang ``ServerArgs`` LoRA fields a model group with LoRA config ``lora`` is served with.
 
         Args:
@@ -191,7 +194,7 @@ class _SGLangCommon:
                     "lora_target_modules unset)"
                 )
             targets = list(self.lora_target_modules)
-        args: dict[str, Any] = {"enable_lora": True, "max_lora_rank": rank, "lora_target_modules": targets}
+        args: dict[str, object] = {"enable_lora": True, "max_lora_rank": rank, "lora_target_modules": targets}
         if self.max_loras_per_batch is not None:
             args["max_loras_per_batch"] = int(self.max_loras_per_batch)
         return args

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ from mas_train.backends.weight_sync import (
     write_hf_checkpoint,
     write_peft_adapter,
 )
+from mas_train.net import free_port
 
 if TYPE_CHECKING:
     import httpx
@@ -46,13 +46,6 @@ __all__ = [
     "write_hf_checkpoint",
     "write_peft_adapter",
 ]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def start_server_process(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen:

@@ -18,6 +18,9 @@ from mas_train.backends.checks import named_tensor_list
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PretrainedConfig
+
+    from mas_train.config import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ def write_hf_checkpoint(
     named_tensors: Sequence[tuple[str, torch.Tensor]],
     out_dir: str | os.PathLike,
     *,
-    model_config: Any = None,
+    model_config: PretrainedConfig | None = None,
     source_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Write ``named_tensors`` as a Hugging Face checkpoint folder a server reloads its weights from (SGLang's
@@ -76,7 +79,7 @@ def write_hf_checkpoint(
 def write_peft_adapter(
     named_tensors: Sequence[tuple[str, torch.Tensor]],
     adapter_name: str,
-    lora: Any,
+    lora: LoraConfig,
     out_dir: str | os.PathLike,
 ) -> Path:
     """Write one adapter's tensors as a PEFT adapter folder (what SGLang's and vLLM's ``load_lora_adapter`` read).

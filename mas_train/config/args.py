@@ -165,7 +165,7 @@ def _saved_config(spec: str, output_dir: str) -> dict[str, Any]:
     return saved
 
 
-def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
+def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[object, object]]:
     """Settings that differ between two configs, on dotted paths: ``{"learning_rate": (1e-5, 3e-6)}``.
 
     Mapping sections are compared key by key (``env_kwargs.max_loops``, ``agents.verifier.sampling.temperature``);

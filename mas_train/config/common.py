@@ -10,7 +10,7 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import field
-from typing import Any
+from typing import Any, Protocol
 
 from mas_train.advantages import MODES as ADVANTAGE_MODES
 from mas_train.advantages import SCOPES as ADVANTAGE_SCOPES
@@ -18,6 +18,7 @@ from mas_train.advantages import STATS as ADVANTAGE_STATS
 from mas_train.backends import BACKEND_KINDS
 
 __all__ = [
+    "OptimSettings",
     "ADVANTAGE_MODES",
     "ADVANTAGE_SCOPES",
     "ADVANTAGE_STATS",
@@ -138,7 +139,7 @@ def close_matches(name: str, options: Sequence[str]) -> str:
     return f" Did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
 
 
-def check_choice(where: str, value: Any, choices: Sequence[str]) -> None:
+def check_choice(where: str, value: object, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ConfigError(
             f"{where} must be one of {list(choices)}, got {value!r}.{close_matches(str(value), choices)}"
@@ -162,7 +163,22 @@ LR_SCHEDULER_TYPES = (
 )
 
 
-def check_optim(where: str, obj: Any) -> None:
+class OptimSettings(Protocol):
+    """The optimisation settings a config level sets (``None``: inherited from the level above)."""
+
+    @property
+    def learning_rate(self) -> float | None: ...
+    @property
+    def weight_decay(self) -> float | None: ...
+    @property
+    def max_grad_norm(self) -> float | None: ...
+    @property
+    def warmup_steps(self) -> float | None: ...
+    @property
+    def lr_scheduler_type(self) -> str | None: ...
+
+
+def check_optim(where: str, obj: OptimSettings) -> None:
     lr, wd, gn, wu = obj.learning_rate, obj.weight_decay, obj.max_grad_norm, obj.warmup_steps
     sched = obj.lr_scheduler_type
     if sched is not None and sched not in LR_SCHEDULER_TYPES:
@@ -180,7 +196,7 @@ def check_optim(where: str, obj: Any) -> None:
         raise ConfigError(f"{where}: warmup_steps must be an integer >= 0 or a ratio in [0, 1), got {wu}")
 
 
-def check_min(where: str, value: Any, minimum: int, none_ok: bool = False) -> None:
+def check_min(where: str, value: float | None, minimum: int, none_ok: bool = False) -> None:
     if value is None and none_ok:
         return
     if value is None or value < minimum:

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mas_train.config.common import (
     BACKENDS,
@@ -25,7 +25,11 @@ from mas_train.config.common import (
     close_matches,
 )
 from mas_train.config.common import help_field as _help
-from mas_train.config.omega import build, build_argparser, cli_overrides, load_yaml, overrides_tree
+from mas_train.config.omega import ArgParser, build, build_argparser, cli_overrides, load_yaml, overrides_tree
+
+if TYPE_CHECKING:
+    from mas_train.config.resolve import ResolvedConfig
+    from mas_train.config.train import TrainConfig
 
 __all__ = ["EvalAgentConfig", "EvalConfig", "EvalGroupConfig", "build_eval_parser", "parse_eval_args"]
 
@@ -57,7 +61,7 @@ class EvalGroupConfig:
     )
     dtype: str | None = _help(f"Weights dtype, one of {list(DTYPES)}. None = the run's.", default=None)
 
-    def given(self) -> dict[str, Any]:
+    def given(self) -> dict[str, object]:
         """The settings this override gives (``None`` / empty ones left out)."""
         return {k: v for k, v in vars(self).items() if v not in (None, {})}
 
@@ -180,7 +184,7 @@ class EvalConfig:
                     f"model_groups.{g}: give at least one of model, backend, backend_options, dtype"
                 )
 
-    def evaluation_size(self, cfg: Any) -> tuple[int, int | None]:
+    def evaluation_size(self, cfg: TrainConfig) -> tuple[int, int | None]:
         """``(k, num_tasks)`` for evaluating ``cfg`` (the checkpoint's run config, or a plain run's without
         ``--checkpoint``): the given values, else the run's ``eval_k`` / ``eval_num_tasks`` (with
         ``--checkpoint``; ``num_tasks`` only when no ``data`` is given), else 4 / all tasks.
@@ -193,7 +197,9 @@ class EvalConfig:
             n = cfg.eval_num_tasks if own and self.data is None else None
         return k, n
 
-    def apply_sources(self, cfg: Any, agent_names: Sequence[str]) -> tuple[Any, Any, frozenset[str]]:
+    def apply_sources(
+        self, cfg: TrainConfig, agent_names: Sequence[str]
+    ) -> tuple[TrainConfig, ResolvedConfig, frozenset[str]]:
         """Merge :attr:`model_groups` and :attr:`agents` over the evaluated run's config ``cfg``.
 
         A group switched to a backend that only samples becomes ``trainable: false`` (so are its agents' own
@@ -278,7 +284,7 @@ def _nested_help(cls: type, prefix: str) -> str:
     return "\n".join(f"  {prefix}.{f.name}: {f.metadata['help']}" for f in dataclasses.fields(cls))
 
 
-def build_eval_parser(prog: str = "mas-eval") -> Any:
+def build_eval_parser(prog: str = "mas-eval") -> ArgParser:
     """The argparse parser behind :func:`parse_eval_args` (``--help``); its errors raise :class:`ConfigError`."""
     parser = build_argparser(
         EvalConfig,

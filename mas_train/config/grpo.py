@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 from mas_train.config.common import OPTIM_FIELDS, ConfigError, close_matches
 
@@ -149,7 +148,7 @@ def _optimizer_names() -> tuple[str, ...]:
     return tuple(o.value for o in OptimizerNames)
 
 
-def check_grpo(where: str, grpo: Any) -> None:
+def check_grpo(where: str, grpo: Mapping[str, object]) -> None:
     """Refuse a ``grpo`` mapping key that is reserved, unknown to TRL, or not honoured by our update, and a
     value of an enumerated setting (:data:`GRPO_CHOICES`, ``optim``) that TRL / transformers would reject only
     after the models are loaded and a rollout has run.

@@ -26,9 +26,14 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
 
 from mas_train.config.common import ConfigError, close_matches
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+_T = TypeVar("_T")
 
 __all__ = [
     "ArgParser",
@@ -194,8 +199,12 @@ def _refuse_env_interpolation(layers: Sequence[Any], where: str) -> None:
 
 
 def build(
-    cls: type, layers: Sequence[Any], *, where: str = "", fixup: Callable[[Any], None] | None = None
-) -> Any:
+    cls: type[_T],
+    layers: Sequence[Mapping[str, object]],
+    *,
+    where: str = "",
+    fixup: Callable[[DictConfig], None] | None = None,
+) -> _T:
     """Merge ``layers`` (mappings, later wins) over the schema of dataclass ``cls`` and build the instance.
 
     Args:
@@ -213,8 +222,8 @@ def build(
     try:
         merged = OmegaConf.merge(OmegaConf.structured(cls), *[OmegaConf.create(dict(x)) for x in layers])
         if fixup is not None:
-            fixup(merged)
-        return OmegaConf.to_object(merged)
+            fixup(cast("DictConfig", merged))  # the merge of a structured dataclass schema is a DictConfig
+        return cast(_T, OmegaConf.to_object(merged))  # OmegaConf builds ``cls`` from its structured schema
     except ConfigError:
         raise
     except OmegaConfBaseException as err:

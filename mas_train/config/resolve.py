@@ -12,13 +12,28 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from mas_train.backends import backend_kind
-from mas_train.backends.base import SamplingParams
+from mas_train.backends.base import BackendOptions, SamplingParams
 from mas_train.config.common import GROUP_NAME_RE, OPTIM_FIELDS, ConfigError, close_matches
 from mas_train.config.omega import build
 from mas_train.config.sections import AgentConfig, LoraConfig, ModelGroupConfig, RewardWeights, SamplingConfig
+
+if TYPE_CHECKING:  # train.py imports this module
+    from mas_train.config.train import TrainConfig
+
+
+@runtime_checkable
+class _LoraServerOptions(Protocol):
+    """Options of a kind whose server loads LoRA adapters itself (the SGLang kinds): the config checks a
+    group's ``lora`` section against them before any model loads."""
+
+    def lora_server_args(self, lora: LoraConfig | None, group: str = ...) -> object:
+        """Raises ValueError (one line) when the options cannot serve ``lora``."""
+
+
+_T = TypeVar("_T")
 
 __all__ = ["ResolvedAgent", "ResolvedConfig", "ResolvedModelGroup", "backend_options", "resolve"]
 
@@ -61,7 +76,7 @@ class ResolvedModelGroup:
     model: str
     agents: tuple[str, ...]
     backend: str
-    backend_options: Any
+    backend_options: BackendOptions
     dtype: str
     learning_rate: float
     weight_decay: float
@@ -91,7 +106,7 @@ class ResolvedModelGroup:
 class ResolvedConfig:
     """The run's config with the env's agents mapped to model groups (from ``TrainConfig.resolve``)."""
 
-    config: Any
+    config: TrainConfig
     agents: dict[str, ResolvedAgent]
     model_groups: dict[str, ResolvedModelGroup]
     run_name: str
@@ -105,7 +120,7 @@ class ResolvedConfig:
         return Path(self.config.output_dir) / self.run_name
 
 
-def backend_options(kind: str, options: Mapping[str, Any], where: str) -> Any:
+def backend_options(kind: str, options: Mapping[str, object], where: str) -> BackendOptions:
     """``options`` validated against ``kind``'s options dataclass (types coerced by OmegaConf).
 
     Raises:
@@ -116,7 +131,8 @@ def backend_options(kind: str, options: Mapping[str, Any], where: str) -> Any:
         cls = backend_kind(kind).options
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from None
-    return build(cls, [options], where=where)
+    opts: BackendOptions = build(cls, [options], where=where)
+    return opts
 
 
 def _group_names_for_models(models: list[str]) -> dict[str, str]:
@@ -132,7 +148,9 @@ def _group_names_for_models(models: list[str]) -> dict[str, str]:
     return names
 
 
-def _agent_to_group(cfg: Any, agent_names: list[str], agent_cfg: dict[str, AgentConfig]) -> dict[str, str]:
+def _agent_to_group(
+    cfg: TrainConfig, agent_names: list[str], agent_cfg: dict[str, AgentConfig]
+) -> dict[str, str]:
     env_agents = ", ".join(agent_names)
     mapping: dict[str, str] = {}
     if isinstance(cfg.model_sharing, Mapping):
@@ -164,7 +182,7 @@ def _agent_to_group(cfg: Any, agent_names: list[str], agent_cfg: dict[str, Agent
     return mapping
 
 
-def _agreed(g: str, members: tuple[str, ...], field: str, values: dict[str, Any], fix: str) -> Any:
+def _agreed(g: str, members: tuple[str, ...], field: str, values: Mapping[str, _T], fix: str) -> _T:
     if len(set(values.values())) > 1:
         shown = ", ".join(f"{a}={v!r}" for a, v in values.items())
         raise ConfigError(
@@ -173,7 +191,14 @@ def _agreed(g: str, members: tuple[str, ...], field: str, values: dict[str, Any]
     return next(iter(values.values()))
 
 
-def _check_sharded(cfg: Any, g: str, num_ranks: int, trainable: bool, lora: Any, grpo: dict) -> None:
+def _check_sharded(
+    cfg: TrainConfig,
+    g: str,
+    num_ranks: int,
+    trainable: bool,
+    lora: LoraConfig | None,
+    grpo: Mapping[str, Any],
+) -> None:
     """Refuse a ``num_ranks > 1`` this version cannot honour, before any model loads."""
     if num_ranks == 1:
         return
@@ -211,7 +236,9 @@ def _check_sharded(cfg: Any, g: str, num_ranks: int, trainable: bool, lora: Any,
             )
 
 
-def _group_lora(cfg: Any, gcfg: Any, trainable: bool, shared_lora: bool) -> LoraConfig | None:
+def _group_lora(
+    cfg: TrainConfig, gcfg: ModelGroupConfig, trainable: bool, shared_lora: bool
+) -> LoraConfig | None:
     """A group's adapter: its own ``lora``, else the top-level one (trainable groups), else the default adapter
     under ``shared_lora``, else None (full fine-tuning)."""
     if gcfg.lora is not None:
@@ -221,7 +248,7 @@ def _group_lora(cfg: Any, gcfg: Any, trainable: bool, shared_lora: bool) -> Lora
     return LoraConfig() if shared_lora else None
 
 
-def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
+def resolve(cfg: TrainConfig, agent_names: list[str]) -> ResolvedConfig:
     """See ``TrainConfig.resolve``."""
     if not agent_names:
         raise ConfigError(f"env {cfg.env!r} reported no agents")
@@ -262,7 +289,9 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             f"One model group has one optimizer: set model_groups.{g}.<setting> instead, or give the agents "
             "separate groups (model_sharing: per_agent)."
         )
-        optim = {}
+        optim: dict[
+            str, Any
+        ] = {}  # OPTIM_FIELDS: floats and a str, checked by the TrainConfig that holds them
         for f in OPTIM_FIELDS:
             base = getattr(gcfg, f) if getattr(gcfg, f) is not None else getattr(cfg, f)
             values = {
@@ -274,10 +303,7 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
             g,
             members,
             "trainable",
-            {
-                a: agent_cfg[a].trainable if agent_cfg[a].trainable is not None else group_trainable
-                for a in members
-            },
+            {a: group_trainable if (t := agent_cfg[a].trainable) is None else t for a in members},
             f"A model group is trained as a whole: set model_groups.{g}.trainable, or give the frozen agents "
             "their own group (model_sharing: per_agent).",
         )
@@ -297,10 +323,9 @@ def resolve(cfg: Any, agent_names: list[str]) -> ResolvedConfig:
                 f"be trained; drop the lora settings of {g!r}, or make it trainable"
             )
         group_lora = _group_lora(cfg, gcfg, trainable, shared_lora)
-        lora_check = getattr(options, "lora_server_args", None)  # the SGLang kinds: LoRA server args vs lora
-        if lora_check is not None:
+        if isinstance(options, _LoraServerOptions):  # the SGLang kinds: LoRA server args vs lora
             try:
-                lora_check(group_lora, g)
+                options.lora_server_args(group_lora, g)
             except ValueError as err:
                 raise ConfigError(f"{where}: {err}") from None
         num_ranks = gcfg.num_ranks if gcfg.num_ranks is not None else (cfg.num_ranks if trainable else 1)

@@ -330,12 +330,12 @@ class TrainConfig:
                         )
 
     # ------------------------------------------------------------------------------------------------ views
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain nested dict (YAML-ready); ``TrainConfig.from_dict(cfg.to_dict()) == cfg``."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+    def from_dict(cls, data: Mapping[str, object]) -> TrainConfig:
         """Build from a nested mapping (a parsed YAML file), coercing values to the field types.
 
         Per-agent ``sampling`` may be partial; missing keys come from the top-level ``sampling``.
@@ -346,7 +346,7 @@ class TrainConfig:
         return cls.from_layers([data])
 
     @classmethod
-    def from_layers(cls, layers: Sequence[Mapping[str, Any]]) -> TrainConfig:
+    def from_layers(cls, layers: Sequence[Mapping[str, object]]) -> TrainConfig:
         """Build from several mappings merged in order (later wins), as :func:`parse_args` does.
 
         Raises:
@@ -364,7 +364,9 @@ class TrainConfig:
         # keys of an agent's sampling that some layer sets; the others are taken from the top-level sampling
         given: dict[str, set[str]] = {}
         for data in layers:
-            for name, agent in (data.get("agents") or {}).items():
+            agents = data.get("agents") or {}
+            assert isinstance(agents, Mapping)  # checked above (the laptop layer names no agents)
+            for name, agent in agents.items():
                 sampling = agent.sampling if isinstance(agent, AgentConfig) else (agent or {}).get("sampling")
                 if isinstance(sampling, SamplingConfig):
                     given.setdefault(name, set()).update(f.name for f in dataclasses.fields(SamplingConfig))
@@ -390,7 +392,7 @@ class TrainConfig:
         """YAML text of :meth:`to_dict`; also written to ``path`` when given."""
         import yaml
 
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text: str = yaml.safe_dump(self.to_dict(), sort_keys=False)
         if path is not None:
             Path(path).write_text(text)
         return text
@@ -405,7 +407,7 @@ class TrainConfig:
         return cls.from_dict(load_yaml(path))
 
     # --------------------------------------------------------------------------------------------- helpers
-    def env_make_kwargs(self) -> dict[str, Any]:
+    def env_make_kwargs(self) -> dict[str, object]:
         """Keyword arguments for ``mas_envs.make(self.env, **kwargs)``."""
         kwargs = dict(self.env_kwargs)
         if self.invalid_action_penalty is not None:

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from trl import GRPOConfig
 
+from mas_train.config import ResolvedConfig
 from mas_train.grpo.importance import SamplerCheck
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, TokenLogps, grpo_args
@@ -413,7 +414,7 @@ class GroupGRPOTrainer(TRLGRPO):
 
 
 def build_group_trainer(
-    resolved: Any, group: str, model: Any, tok: Any, device: str, *, shard: ShardPlan | None = None
+    resolved: ResolvedConfig, group: str, model: Any, tok: Any, device: str, *, shard: ShardPlan | None = None
 ) -> GroupGRPOTrainer:
     """The :class:`~mas_train.grpo.update.GroupGRPOTrainer` of model group ``group`` on ``model`` (trained in place):
     the group's GRPO settings, the sampling temperature of its agents, ``max_completion_length`` from their

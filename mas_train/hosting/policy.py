@@ -10,7 +10,8 @@ class                         hosting mode
 :class:`RemotePolicy`         an endpoint generates (``openai``, a served engine): a tokenizer, no weights
 :class:`FrozenPolicy`         a local model that is never trained here (``trainable: false``, ``mas-eval``)
 :class:`FullPolicy`           all weights trained by the group's own GRPO update and AdamW
-:class:`LoraPolicy`           a PEFT LoRA adapter on a base model that other groups' adapters may share
+:class:`LoraPolicy`           a trained PEFT LoRA adapter on a base model other groups' adapters may share
+:class:`FrozenLoraPolicy`     a LoRA adapter that only generates (a frozen agent under shared_lora, mas-eval)
 :class:`~.sharded.ShardedPolicy` the update on ``num_ranks`` FSDP2 ranks; this process keeps a full copy
 ============================  ==========================================================================
 
@@ -21,9 +22,9 @@ folder (the worker writes ``state.json``; the policy the rest): ``model/`` (Hugg
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast, runtime_checkable
 
 import torch
 
@@ -32,9 +33,17 @@ from mas_train.checkpoint import load_state
 from mas_train.grpo.trl_adapter import fused_forward, restore_fused_forward
 from mas_train.grpo.update import GroupGRPOTrainer
 from mas_train.models import hf_progress_bars_off
-from mas_train.rollout import Sample
+from mas_train.samples import Sample
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from mas_train.config import LoraConfig
 
 __all__ = [
+    "GroupState",
+    "FrozenLoraPolicy",
     "FrozenPolicy",
     "FullPolicy",
     "GroupPolicy",
@@ -47,6 +56,21 @@ __all__ = [
 ]
 
 Tensors = dict[str, torch.Tensor]
+
+
+class GroupState(TypedDict, total=False):
+    """A model group's ``state.json`` in its checkpoint folder: the worker's entries (``updates``, ``group``,
+    ``agents``, ``model``, ``trainable``, ``lora``) and its policy's (``global_step`` of a TRL trainer,
+    ``num_ranks`` of a sharded group)."""
+
+    updates: int
+    group: str
+    agents: list[str]
+    model: str
+    trainable: bool
+    lora: bool
+    global_step: int
+    num_ranks: int
 
 
 @runtime_checkable
@@ -67,12 +91,12 @@ class GroupPolicy(Protocol):
 
     group: str
     model_path: str
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     trains: bool
     num_parameters: int
-    generation_model: Any
+    generation_model: torch.nn.Module | None
     adapter: str | None
-    shared_base: Any
+    shared_base: PeftModel | None
 
     def activate(self, *, training: bool) -> None:
         """Put this group's weights in place on a model other groups share (before generating or training)."""
@@ -92,11 +116,11 @@ class GroupPolicy(Protocol):
         """The tensors a weight sync pushes to the backend (state-dict or PEFT names); ``None``: nothing."""
         ...
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         """Write the policy's files under ``folder``; returns extra ``state.json`` entries."""
         ...
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         """Load what :meth:`save` wrote (``state``: the folder's ``state.json``), with the optimizer state when
         ``optimizer``; returns the tensors to push to the backend, ``None`` when nothing was loaded.
 
@@ -116,7 +140,7 @@ def require_files(folder: Path, group: str, *names: str) -> None:
             raise FileNotFoundError(f"checkpoint of group {group!r} lacks {folder / name}")
 
 
-def check_weights_kind(state: Mapping[str, Any], group: str, *, lora_policy: bool) -> None:
+def check_weights_kind(state: GroupState, group: str, *, lora_policy: bool) -> None:
     if bool(state.get("lora", False)) != lora_policy:
         saved, mine = ("a LoRA adapter", "full") if state.get("lora") else ("full weights", "LoRA")
         raise RuntimeError(
@@ -150,13 +174,13 @@ def load_full_weights(module: torch.nn.Module, folder: Path, group: str, model_p
         )
 
 
-def save_trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> dict[str, Any]:
+def save_trainer_state(trainer: GroupGRPOTrainer, folder: Path) -> GroupState:
     torch.save(trainer.optimizer.state_dict(), folder / "optimizer.pt")
     torch.save(trainer.lr_scheduler.state_dict(), folder / "scheduler.pt")
     return {"global_step": trainer.state.global_step}
 
 
-def _loadsave_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: Mapping[str, Any]) -> None:
+def _loadsave_trainer_state(trainer: GroupGRPOTrainer, folder: Path, state: GroupState) -> None:
     trainer.optimizer.load_state_dict(load_state(folder / "optimizer.pt"))
     trainer.lr_scheduler.load_state_dict(load_state(folder / "scheduler.pt"))
     trainer.state.global_step = int(state["global_step"])
@@ -172,26 +196,28 @@ class RemotePolicy:
 
     trains = False
     num_parameters = 0
-    generation_model: Any = None
+    generation_model: torch.nn.Module | None = None
     adapter: str | None = None
-    shared_base: Any = None
+    shared_base: PeftModel | None = None
 
-    def __init__(self, group: str, model_path: str, tokenizer: Any) -> None:
+    def __init__(self, group: str, model_path: str, tokenizer: PreTrainedTokenizerBase) -> None:
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
 
     def activate(self, *, training: bool) -> None:
         pass
 
-    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
         raise RuntimeError(f"model group {self.group!r} is served by an endpoint; it has no update")
 
     def parameters_for_sync(self) -> Tensors | None:
         return None
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         return {}
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         return None
 
     def close(self) -> None:
@@ -206,9 +232,11 @@ class FrozenPolicy:
     trains = False
     num_parameters = 0
     adapter: str | None = None
-    shared_base: Any = None
+    shared_base: PeftModel | None = None
 
-    def __init__(self, group: str, model_path: str, model: torch.nn.Module, tokenizer: Any) -> None:
+    def __init__(
+        self, group: str, model_path: str, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase
+    ) -> None:
         model.eval().requires_grad_(False)
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
         self.generation_model = model
@@ -216,21 +244,23 @@ class FrozenPolicy:
     def activate(self, *, training: bool) -> None:
         pass
 
-    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
         raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
 
     def parameters_for_sync(self) -> Tensors | None:
         return None
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         return {}
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
             return None  # saved frozen: the weights are the model setting's
         check_weights_kind(state, self.group, lora_policy=False)
         load_full_weights(self.generation_model, folder, self.group, self.model_path)
-        return self.generation_model.state_dict()
+        return cast(Tensors, self.generation_model.state_dict())
 
     def close(self) -> None:
         pass
@@ -242,9 +272,11 @@ class FullPolicy:
 
     trains = True
     adapter: str | None = None
-    shared_base: Any = None
+    shared_base: PeftModel | None = None
 
-    def __init__(self, group: str, model_path: str, trainer: GroupGRPOTrainer, tokenizer: Any) -> None:
+    def __init__(
+        self, group: str, model_path: str, trainer: GroupGRPOTrainer, tokenizer: PreTrainedTokenizerBase
+    ) -> None:
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
         self.trainer = trainer
         self.generation_model = trainer.model
@@ -258,13 +290,15 @@ class FullPolicy:
     def activate(self, *, training: bool) -> None:
         pass
 
-    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
         return self.trainer.update(samples, advantages, agent_grad_norms=agent_grad_norms)
 
     def parameters_for_sync(self) -> Tensors | None:
-        return self.module.state_dict()
+        return cast(Tensors, self.module.state_dict())
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         out = folder / "model"
         out.mkdir(exist_ok=True)
         with hf_progress_bars_off():
@@ -272,70 +306,65 @@ class FullPolicy:
             self.tokenizer.save_pretrained(out)
         return save_trainer_state(self.trainer, folder)
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         check_weights_kind(state, self.group, lora_policy=False)
         if optimizer:
             require_files(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
         load_full_weights(self.module, folder, self.group, self.model_path)
         if optimizer:
             _loadsave_trainer_state(self.trainer, folder, state)
-        return self.module.state_dict()
+        return cast(Tensors, self.module.state_dict())
 
     def close(self) -> None:
         pass
 
 
 class LoraPolicy:
-    """A PEFT LoRA adapter named after the group on a ``peft.PeftModel`` that other groups' adapters may share
-    (``model_sharing: shared_lora``: one copy of the base weights). Only the adapter's parameters have
+    """A trained PEFT LoRA adapter named after the group on a ``peft.PeftModel`` that other groups' adapters may
+    share (``model_sharing: shared_lora``: one copy of the base weights). Only the adapter's parameters have
     ``requires_grad`` and sit in the optimizer; a weight sync pushes only the adapter's tensors; checkpoints
     hold the adapter in PEFT's format (``adapter/``; ``PeftModel.from_pretrained(base, folder / "adapter")``).
-
-    ``trainer`` is ``None`` for an adapter that only generates (a frozen agent under ``shared_lora``, or
-    ``mas-eval``, which loads the checkpoint's adapter).
+    An adapter that only generates is a :class:`FrozenLoraPolicy`.
     """
+
+    trains = True
 
     def __init__(
         self,
         group: str,
         model_path: str,
-        peft_model: Any,
-        tokenizer: Any,
-        lora_cfg: Any,
-        trainer: GroupGRPOTrainer | None,
+        peft_model: PeftModel,
+        tokenizer: PreTrainedTokenizerBase,
+        lora_cfg: LoraConfig,
+        trainer: GroupGRPOTrainer,
     ) -> None:
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
         self.adapter: str | None = group
-        self.shared_base = peft_model
+        self.shared_base: PeftModel | None = peft_model
         self.lora = lora_cfg
         self.trainer = trainer
-        self.trains = trainer is not None
-        self.generation_model = trainer.model if trainer is not None else peft_model
-        if trainer is None:
-            peft_model.eval()
-        self.num_parameters = trainable_count(self.generation_model) if self.trains else 0
+        self.generation_model = trainer.model
+        self.num_parameters = trainable_count(self.generation_model)
         # TRL patched the base model's forward with its fused LM head at this group's temperature; groups sharing
         # one base each put their own patch back before they train (activate).
-        self._fused_forward = fused_forward(peft_model) if self.trains else None
+        self._fused_forward = fused_forward(peft_model)
 
     def activate(self, *, training: bool) -> None:
-        lora.activate(self.shared_base, self.group, trainable=self.trains)
+        lora.activate(self.shared_base, self.group, trainable=True)
         if training:
             restore_fused_forward(self.shared_base, self._fused_forward)
             # TRL's disable_dropout (of every group built after this one, too) zeroes LoRA dropout
             lora.restore_dropout(self.shared_base, self.group, self.lora.dropout)
 
-    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
-        if self.trainer is None:
-            raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
         return self.trainer.update(samples, advantages, agent_grad_norms=agent_grad_norms)
 
     def parameters_for_sync(self) -> Tensors | None:
-        return lora.adapter_state(self.shared_base, self.group) if self.trains else None
+        return lora.adapter_state(self.shared_base, self.group)
 
-    def save(self, folder: Path) -> dict[str, Any]:
-        if self.trainer is None:
-            return {}
+    def save(self, folder: Path) -> GroupState:
         out = folder / "adapter"
         out.mkdir(exist_ok=True)
         with hf_progress_bars_off():
@@ -343,15 +372,56 @@ class LoraPolicy:
             self.tokenizer.save_pretrained(out)
         return save_trainer_state(self.trainer, folder)
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
             return None
         check_weights_kind(state, self.group, lora_policy=True)
-        optimizer = optimizer and self.trainer is not None
         require_files(folder, self.group, "adapter", *(("optimizer.pt", "scheduler.pt") if optimizer else ()))
         lora.load(self.shared_base, self.group, folder / "adapter")
-        if optimizer and self.trainer is not None:
+        if optimizer:
             _loadsave_trainer_state(self.trainer, folder, state)
+        return lora.adapter_state(self.shared_base, self.group)
+
+    def close(self) -> None:
+        pass
+
+
+class FrozenLoraPolicy:
+    """A LoRA adapter that only generates: a frozen agent under ``shared_lora`` (its adapter stays as
+    initialised, saves nothing), or any LoRA group under ``mas-eval``, which loads a checkpoint's adapter."""
+
+    trains = False
+    num_parameters = 0
+
+    def __init__(
+        self, group: str, model_path: str, peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase
+    ) -> None:
+        self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
+        self.adapter: str | None = group
+        self.shared_base: PeftModel | None = peft_model
+        peft_model.eval()
+        self.generation_model = peft_model
+
+    def activate(self, *, training: bool) -> None:
+        lora.activate(self.shared_base, self.group, trainable=False)
+
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
+        raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
+
+    def parameters_for_sync(self) -> Tensors | None:
+        return None
+
+    def save(self, folder: Path) -> GroupState:
+        return {}
+
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
+        if not state.get("trainable", True):
+            return None  # saved frozen: its adapter is the initial one
+        check_weights_kind(state, self.group, lora_policy=True)
+        require_files(folder, self.group, "adapter")
+        lora.load(self.shared_base, self.group, folder / "adapter")
         return lora.adapter_state(self.shared_base, self.group)
 
     def close(self) -> None:

@@ -9,10 +9,15 @@ A pool starts one :class:`~mas_train.hosting.worker.ModelGroupWorker` per model 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mas_train.hosting.protocols import WorkerPool
 from mas_train.hosting.worker import ModelGroupWorker
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from mas_train.config import ResolvedConfig
 
 __all__ = ["LocalPool", "make_pool"]
 
@@ -28,7 +33,7 @@ class LocalPool:
         train: forwarded to each worker (``False``: generation only, as ``mas-eval`` needs).
     """
 
-    def __init__(self, resolved: Any, *, train: bool | None = None) -> None:
+    def __init__(self, resolved: ResolvedConfig, *, train: bool | None = None) -> None:
         self.resolved = resolved
         self.train = train
         self._workers: dict[str, ModelGroupWorker] = {}
@@ -60,7 +65,7 @@ class LocalPool:
             )
         return self._workers[group]
 
-    def tokenizer(self, group: str) -> Any:
+    def tokenizer(self, group: str) -> PreTrainedTokenizerBase:
         return self.worker(group).tokenizer
 
     def shutdown(self) -> None:
@@ -69,7 +74,7 @@ class LocalPool:
         self._workers.clear()
 
 
-def make_pool(resolved: Any) -> WorkerPool:
+def make_pool(resolved: ResolvedConfig) -> WorkerPool:
     """The pool ``resolved.config.pool`` names: ``local`` (:class:`LocalPool`) or ``ray``
     (:class:`~mas_train.hosting.ray_pool.RayPool`; Ray itself is imported only when it starts).
 

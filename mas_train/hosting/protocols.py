@@ -2,7 +2,7 @@
 
 :class:`WorkerHandle` is the contract of :class:`~mas_train.hosting.worker.ModelGroupWorker` (in-process) and of
 :class:`~mas_train.hosting.ray_worker.RayWorkerHandle` (the driver's stand-in for a worker in a Ray actor); it
-extends the collector's :class:`~mas_train.rollout.Generator` (generation and its optional capabilities) with the
+extends the collector's :class:`~mas_train.backends.base.Generator` (generation and its optional capabilities) with the
 update, the weight sync and checkpoints. :class:`WorkerPool` is the contract of
 :class:`~mas_train.hosting.pools.LocalPool` and :class:`~mas_train.hosting.ray_pool.RayPool`. The type checker
 holds both implementations to these protocols (``tests/test_layout.py`` runs it in CI).
@@ -11,11 +11,31 @@ holds both implementations to these protocols (``tests/test_layout.py`` runs it 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
-from mas_train.rollout import Generator, Sample
+from mas_train.backends.base import Generator
+from mas_train.samples import Sample
 
-__all__ = ["WorkerHandle", "WorkerPool"]
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["RankInfo", "Ranks", "WorkerHandle", "WorkerPool"]
+
+
+class RankInfo(TypedDict, total=False):
+    """Where one rank of a sharded group runs (``Ranks.info()``, rank 0 first): ``rank``, ``pid``, ``node``;
+    under Ray also ``ppid``, ``actor_id``, ``name``, ``bundle`` (its placement-group bundle, as Ray reports it)
+    and ``cuda_visible_devices``."""
+
+    rank: int
+    pid: int
+    ppid: int
+    node: str
+    actor_id: str | None
+    name: str
+    bundle: object
+    cuda_visible_devices: str | None
 
 
 @runtime_checkable
@@ -32,7 +52,7 @@ class WorkerHandle(Generator, Protocol):
 
     group: str
     agents: tuple[str, ...]
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     model_path: str
     num_parameters: int
     trains: bool
@@ -69,6 +89,30 @@ class WorkerHandle(Generator, Protocol):
         ...
 
 
+class Ranks(Protocol):
+    """The N rank processes of one sharded model group (:class:`~mas_train.hosting.sharded.ShardedRanks`, local
+    processes; :class:`~mas_train.hosting.sharded_ray.RayRanks`, Ray actors), as its
+    :class:`~mas_train.hosting.sharded.ShardedPolicy` drives them. Every method blocks until each rank answered."""
+
+    num_ranks: int
+
+    def start(self) -> Ranks: ...
+
+    def info(self) -> list[RankInfo]: ...
+
+    def update(self, samples: Sequence[Sample], advantages: Sequence[float]) -> dict[str, float]: ...
+
+    def sizes(self) -> list[dict[str, int]]: ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def save(self, folder: str) -> int: ...
+
+    def load(self, folder: str, *, optimizer: bool, global_step: int = 0) -> None: ...
+
+    def close(self, *, force: bool = False) -> None: ...
+
+
 class WorkerPool(Protocol):
     """Where the model groups' workers live: ``start()`` loads them (once), ``worker(group)`` hands out a
     :class:`WorkerHandle`, ``tokenizer(group)`` gives the group's tokenizer in the driver, ``shutdown()``
@@ -83,6 +127,6 @@ class WorkerPool(Protocol):
 
     def worker(self, group: str) -> WorkerHandle: ...
 
-    def tokenizer(self, group: str) -> Any: ...
+    def tokenizer(self, group: str) -> PreTrainedTokenizerBase: ...
 
     def shutdown(self) -> None: ...

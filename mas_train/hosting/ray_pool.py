@@ -31,9 +31,14 @@ import atexit
 import logging
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mas_train.hosting.ray_worker import ModelGroupActor, RayWorkerHandle, bounded_get, parameter_fingerprint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from mas_train.config import ResolvedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +88,7 @@ def _group_resources(name: str, g: Any) -> tuple[dict[str, float], dict[str, flo
     return worker, rank
 
 
-def bundle_layout(resolved: Any) -> dict[str, dict[str, Any]]:
+def bundle_layout(resolved: ResolvedConfig) -> dict[str, dict[str, Any]]:
     """Which bundles of the placement group (indices into :func:`placement_bundles`) each model group holds:
     ``{group: {"worker": i, "ranks": [j, ...]}}``, groups in config order, a group's worker bundle first, then
     one bundle per rank of a sharded group (``ranks`` is empty for ``num_ranks: 1``).
@@ -101,7 +106,7 @@ def bundle_layout(resolved: Any) -> dict[str, dict[str, Any]]:
     return layout
 
 
-def placement_bundles(resolved: Any) -> list[dict[str, float]]:
+def placement_bundles(resolved: ResolvedConfig) -> list[dict[str, float]]:
     """The placement group's bundles, in :func:`bundle_layout` order: per model group its worker's bundle, then
     for a sharded group (``num_ranks: N > 1``) one bundle per rank, each rank's actor pinned to its own bundle
     (so a group's ranks can sit on several GPUs and nodes). Resources (CPU count, GPU count; see
@@ -147,7 +152,7 @@ class RayPool:
 
     def __init__(
         self,
-        resolved: Any,
+        resolved: ResolvedConfig,
         *,
         strategy: str | None = None,
         ready_timeout_s: float | None = None,
@@ -300,7 +305,7 @@ class RayPool:
             )
         return self._handles[group]
 
-    def tokenizer(self, group: str) -> Any:
+    def tokenizer(self, group: str) -> PreTrainedTokenizerBase:
         return self.worker(group).tokenizer
 
     def shutdown(self) -> None:
@@ -343,7 +348,7 @@ class RayPool:
     def __enter__(self) -> RayPool:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
 

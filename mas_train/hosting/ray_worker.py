@@ -10,13 +10,41 @@ lets the driver compare a group's weights without moving them. Placement and the
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+if TYPE_CHECKING:
+    import torch
+    from ray.actor import ActorHandle
+    from transformers import PreTrainedTokenizerBase
+
+    from mas_train.backends.base import GenerationOutput, SamplingParams
+    from mas_train.config import ResolvedConfig
+    from mas_train.samples import Sample
 
 __all__ = ["ModelGroupActor", "PoolTimeouts", "RayWorkerHandle", "bounded_get", "parameter_fingerprint"]
 
 
-def parameter_fingerprint(model: Any) -> dict[str, Any]:
+#: :func:`parameter_fingerprint`'s result: ``sha256`` (str), ``sum`` and ``abs_sum`` (float), ``numel`` (int).
+Fingerprint = dict[str, float | int | str]
+
+
+class WorkerInfo(TypedDict):
+    """What a worker actor reports once started (:meth:`ModelGroupActor.info`); its handle keeps it."""
+
+    pid: int
+    node: str
+    tokenizer: PreTrainedTokenizerBase
+    num_parameters: int
+    model_path: str
+    agents: tuple[str, ...]
+    wants_messages: bool
+    trains: bool
+    cuda_visible_devices: str | None
+
+
+def parameter_fingerprint(model: torch.nn.Module) -> Fingerprint:
     """A fingerprint of a model's weights: ``sha256`` of every parameter's bytes (in ``named_parameters``
     order; equal iff bit-identical), ``sum`` and ``abs_sum`` in float64 (for tolerance comparisons) and the
     parameter count ``numel``."""
@@ -64,7 +92,12 @@ class ModelGroupActor:
     """The Ray actor body: a :class:`~mas_train.hosting.worker.ModelGroupWorker` plus generic call/get."""
 
     def __init__(
-        self, resolved: Any, group: str, cwd: str, num_threads: int, ranks: dict[str, Any] | None = None
+        self,
+        resolved: ResolvedConfig,
+        group: str,
+        cwd: str,
+        num_threads: int,
+        ranks: dict[str, Any] | None = None,
     ) -> None:
         import functools
 
@@ -82,7 +115,7 @@ class ModelGroupActor:
             make_ranks = functools.partial(RayRanks, **ranks)
         self.worker = ModelGroupWorker(resolved, group, make_ranks=make_ranks)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> WorkerInfo:
         w = self.worker
         return {
             "pid": os.getpid(),
@@ -99,7 +132,7 @@ class ModelGroupActor:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> Fingerprint:
         return parameter_fingerprint(self.worker.model)
 
     def get(self, attr: str) -> Any:
@@ -125,7 +158,7 @@ class RayWorkerHandle:
         RuntimeError: the actor died (e.g. out of memory); the Ray error is chained.
     """
 
-    def __init__(self, pool: PoolTimeouts, group: str, actor: Any, info: dict[str, Any]) -> None:
+    def __init__(self, pool: PoolTimeouts, group: str, actor: ActorHandle, info: WorkerInfo) -> None:
         self._pool = pool
         self.group = group
         self.actor = actor
@@ -150,13 +183,26 @@ class RayWorkerHandle:
     def weight_version(self) -> int:
         return int(self._get(self.actor.get.remote("weight_version"), f"{self.group}.weight_version"))
 
-    def generate(self, prompt_ids, sampling):
-        return self._call("generate", prompt_ids, sampling)
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationOutput]:
+        outs: list[GenerationOutput] = self._call("generate", prompt_ids, sampling)
+        return outs
 
-    def generate_messages(self, messages, sampling):
-        return self._call("generate_messages", messages, sampling)
+    def generate_messages(
+        self,
+        messages: Sequence[Sequence[Mapping[str, str]]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+    ) -> list[GenerationOutput]:
+        outs: list[GenerationOutput] = self._call("generate_messages", messages, sampling)
+        return outs
 
-    def generate_mixed(self, prompt_ids, sampling, workers):
+    def generate_mixed(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+        workers: Sequence[object],
+    ) -> list[GenerationOutput]:
         """Never possible across actors (:attr:`mixed_batch_key` is ``None``).
 
         Raises:
@@ -170,8 +216,13 @@ class RayWorkerHandle:
     def usage(self) -> dict[str, float]:
         return dict(self._get(self.actor.get.remote("usage"), f"{self.group}.usage"))
 
-    def update(self, samples, advantages, **kwargs):
-        return self._call("update", samples, advantages, **kwargs)
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool = False
+    ) -> dict[str, float]:
+        metrics: dict[str, float] = self._call(
+            "update", samples, advantages, agent_grad_norms=agent_grad_norms
+        )
+        return metrics
 
     def sync_weights(self) -> int:
         return int(self._call("sync_weights"))
@@ -185,9 +236,10 @@ class RayWorkerHandle:
     def load_weights(self, folder: str) -> None:
         self._call("load_weights", str(Path(folder).resolve()))
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> Fingerprint:
         """:func:`parameter_fingerprint` of this group's policy, computed in the actor (no weights travel)."""
-        return self._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
+        fp: Fingerprint = self._get(self.actor.fingerprint.remote(), f"{self.group}.fingerprint")
+        return fp
 
     def close(self) -> None:
         self._call("close")

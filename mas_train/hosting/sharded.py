@@ -35,16 +35,24 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from mas_train.backends.server import free_port
-from mas_train.hosting.policy import Tensors, check_weights_kind, load_full_weights, require_files
+from mas_train.hosting.policy import GroupState, Tensors, check_weights_kind, load_full_weights, require_files
 from mas_train.hosting.sharded_rank import DEFAULT_TIMEOUT_S, RankFailure, rank_main
 from mas_train.models import hf_progress_bars_off
+from mas_train.net import free_port
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from mas_train.config import ResolvedConfig
+    from mas_train.hosting.protocols import RankInfo, Ranks
+    from mas_train.samples import Sample
 
 __all__ = ["DEFAULT_TIMEOUT_S", "RankFailure", "ShardedPolicy", "ShardedRanks"]
 
@@ -64,7 +72,7 @@ class ShardedRanks:
     closed.
     """
 
-    def __init__(self, resolved, group: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, resolved: ResolvedConfig, group: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         g = resolved.model_groups[group]
         if g.sharding != "fsdp2":
             raise ValueError(f"model group {group!r}: sharding {g.sharding!r} is not implemented; use fsdp2")
@@ -81,7 +89,7 @@ class ShardedRanks:
         """The ranks' process ids, rank 0 first."""
         return [p.pid for p in self._procs]
 
-    def info(self) -> list[dict[str, Any]]:
+    def info(self) -> list[RankInfo]:
         """Per rank, rank 0 first: ``rank``, ``pid``, ``node`` (host name); ``actor_id`` and ``bundle`` are
         ``None`` (local processes; see :meth:`~mas_train.hosting.sharded_ray.RayRanks.info`)."""
         node = socket.gethostname()
@@ -162,7 +170,7 @@ class ShardedRanks:
                 self._fail(min(pending), f"did not answer {cmd} within {self.timeout_s:.0f} s")
         return out
 
-    def call(self, cmd: str, *args) -> list[Any]:
+    def call(self, cmd: str, *args: object) -> list[Any]:
         """Run ``cmd`` on every rank (a method of the rank: ``update``, ``state_dict``, ``save``, ``load``) and
         return each rank's result, rank 0 first.
 
@@ -182,10 +190,11 @@ class ShardedRanks:
                 self._fail(r, f"died (exit code {self._procs[r].exitcode}) before {cmd}")
         return self._replies(cmd, None)
 
-    def update(self, samples, advantages) -> dict[str, float]:
+    def update(self, samples: Sequence[Sample], advantages: Sequence[float]) -> dict[str, float]:
         """One sharded GRPO update; rank 0's metrics (``loss`` summed over every rank's micro-batches; TRL's
         per-token metrics over rank 0's micro-batches)."""
-        return self.call("update", list(samples), [float(a) for a in advantages])[0]
+        metrics: dict[str, float] = self.call("update", list(samples), [float(a) for a in advantages])[0]
+        return metrics
 
     def sizes(self) -> list[dict[str, int]]:
         """Per rank, the elements of its parameter shards (``params``) and optimizer state (``optimizer``)."""
@@ -193,7 +202,8 @@ class ShardedRanks:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights (state-dict names, CPU tensors), gathered from the shards onto rank 0."""
-        return self.call("state_dict")[0]
+        sd: dict[str, torch.Tensor] = self.call("state_dict")[0]
+        return sd
 
     def save(self, folder: str) -> int:
         """Rank 0 writes ``optimizer.pt`` (full state, ``torch.optim`` format) and ``scheduler.pt`` under
@@ -238,10 +248,15 @@ class ShardedPolicy:
 
     trains = True
     adapter: str | None = None
-    shared_base: Any = None
+    shared_base: PeftModel | None = None
 
     def __init__(
-        self, group: str, model_path: str, ranks: Any, model: torch.nn.Module, tokenizer: Any
+        self,
+        group: str,
+        model_path: str,
+        ranks: Ranks,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
     ) -> None:
         self.group, self.model_path, self.tokenizer = group, model_path, tokenizer
         self.ranks = ranks
@@ -252,7 +267,9 @@ class ShardedPolicy:
     def activate(self, *, training: bool) -> None:
         pass
 
-    def update(self, samples, advantages, *, agent_grad_norms: bool) -> dict[str, float]:
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
         return self.ranks.update(samples, advantages)
 
     def parameters_for_sync(self) -> Tensors | None:
@@ -261,7 +278,7 @@ class ShardedPolicy:
         self.generation_model.load_state_dict(sd, strict=False)
         return sd
 
-    def save(self, folder: Path) -> dict[str, Any]:
+    def save(self, folder: Path) -> GroupState:
         out = folder / "model"
         out.mkdir(exist_ok=True)
         self.parameters_for_sync()
@@ -270,7 +287,7 @@ class ShardedPolicy:
             self.tokenizer.save_pretrained(out)
         return {"global_step": self.ranks.save(str(folder)), "num_ranks": self.ranks.num_ranks}
 
-    def load(self, folder: Path, state: Mapping[str, Any], *, optimizer: bool) -> Tensors | None:
+    def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         check_weights_kind(state, self.group, lora_policy=False)
         if optimizer:
             require_files(folder, self.group, "model", "optimizer.pt", "scheduler.pt")
@@ -278,7 +295,7 @@ class ShardedPolicy:
         # each rank keeps its shard (with the optimizer state when asked)
         step = int(state.get("global_step", 0)) if optimizer else 0
         self.ranks.load(str(folder), optimizer=optimizer, global_step=step)
-        return self.generation_model.state_dict()
+        return cast(Tensors, self.generation_model.state_dict())
 
     def close(self) -> None:
         self.ranks.close()

@@ -10,12 +10,21 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
 from mas_train.checkpoint import load_state
+
+if TYPE_CHECKING:
+    from mas_train.config import ResolvedConfig
+    from mas_train.samples import Sample
+
+_T = TypeVar("_T")
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -41,12 +50,12 @@ class RankFailure(RuntimeError):
         self.group = group
         self.rank = rank
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., RankFailure], tuple[Any, ...]]:
         # pickles (Ray sends a worker actor's exceptions to the driver): group and rank are keyword-only
         return (functools.partial(type(self), group=self.group, rank=self.rank), self.args)
 
 
-def shard_model(model, mesh) -> None:
+def shard_model(model: torch.nn.Module, mesh: Any) -> None:
     """Apply FSDP2 to a Hugging Face causal LM in place: ``fully_shard`` on every module whose class is in
     ``model._no_split_modules`` (the decoder layers, the unit transformers/accelerate wrap too), then on the
     model itself (embeddings, final norm, LM head). Parameters become ``DTensor`` shards over ``mesh``'s ranks.
@@ -65,7 +74,7 @@ def shard_model(model, mesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
-def rank_share(mbs: list, *, rank: int, world: int) -> tuple[list, list[float]]:
+def rank_share(mbs: Sequence[_T], *, rank: int, world: int) -> tuple[list[_T], list[float]]:
     """Rank ``rank``'s micro-batches of a one-rank micro-batch plan of ``n`` items for ``world`` ranks, and their loss weights: items
     ``rank, rank + world, ...`` (weight 1), then the rank's first item again with weight 0 until it has
     ``ceil(n / world)`` items, so every rank runs the same number of forwards (FSDP's all-gathers are
@@ -88,13 +97,13 @@ def rank_share(mbs: list, *, rank: int, world: int) -> tuple[list, list[float]]:
     return mine, weights
 
 
-def _param_order(model, optimizer) -> list[str]:
+def _param_order(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """Parameter names in the order ``optimizer.state_dict()`` numbers them (param group by param group)."""
     names = {id(p): n for n, p in model.named_parameters()}
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def optimizer_state_by_index(state: dict, order: list[str]) -> dict:
+def optimizer_state_by_index(state: dict[str, Any], order: list[str]) -> dict[str, Any]:
     """A name-keyed optimizer state (``get_optimizer_state_dict(full_state_dict=True)``) in ``torch.optim``'s
     index-keyed format (``order[i]`` is parameter i), the format an unsharded group's ``optimizer.pt`` has."""
     index = {n: i for i, n in enumerate(order)}
@@ -104,7 +113,7 @@ def optimizer_state_by_index(state: dict, order: list[str]) -> dict:
     }
 
 
-def _optimizer_state_by_name(state: dict, order: list[str]) -> dict:
+def _optimizer_state_by_name(state: dict[str, Any], order: list[str]) -> dict[str, Any]:
     """The inverse of :func:`optimizer_state_by_index`."""
     return {
         "state": {order[int(i)]: v for i, v in state["state"].items()},
@@ -119,14 +128,14 @@ class Rank:
 
     def __init__(
         self,
-        resolved,
+        resolved: ResolvedConfig,
         group: str,
         rank: int,
         world: int,
         init_method: str,
         timeout_s: float,
         gpu: int | None = None,
-    ):
+    ) -> None:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from transformers.utils import logging as hf_logging
@@ -171,7 +180,7 @@ class Rank:
         plan = ShardPlan(world=world, share=functools.partial(rank_share, rank=rank, world=world))
         self.trainer = build_group_trainer(resolved, group, model, tok, device, shard=plan)
 
-    def update(self, samples, advantages) -> dict[str, float]:
+    def update(self, samples: Sequence[Sample], advantages: Sequence[float]) -> dict[str, float]:
         import torch.distributed as dist
 
         out = self.trainer.update(samples, advantages, agent_grad_norms=False)
@@ -237,7 +246,9 @@ class Rank:
         )
         del saved, full
         if optimizer:
-            plain = load_state(src / "optimizer.pt")
+            plain = cast(
+                "dict[str, Any]", load_state(src / "optimizer.pt")
+            )  # torch.optim's state_dict format
             osd = _optimizer_state_by_name(plain, _param_order(self.model, t.optimizer))
             set_optimizer_state_dict(
                 self.model, t.optimizer, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True)
@@ -260,7 +271,19 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(3)
 
 
-def rank_main(resolved, group, rank, world, init_method, timeout_s, conn, parent) -> None:
+def rank_main(
+    resolved: ResolvedConfig,
+    group: str,
+    rank: int,
+    world: int,
+    init_method: str,
+    timeout_s: float,
+    conn: Connection,
+    parent: int,
+) -> None:
+    """A rank process's main loop: build the :class:`Rank`, then run the commands ``conn`` brings (a method
+    name and its arguments) until ``stop``, answering ``("ok", result)`` or ``("error", message, traceback)``;
+    exits when ``parent`` (the worker's pid) is gone."""
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     r = None
     try:

@@ -12,12 +12,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from mas_train.backends.server import free_port
+from mas_train.hosting.protocols import RankInfo
 from mas_train.hosting.sharded_rank import DEFAULT_TIMEOUT_S, Rank, RankFailure
+from mas_train.net import free_port
+
+if TYPE_CHECKING:
+    from mas_train.config import ResolvedConfig
+    from mas_train.samples import Sample
 
 __all__ = ["RayRanks"]
 
@@ -53,7 +59,7 @@ class _RankActor:
         torch.set_num_threads(num_threads)
         self.rank: Rank | None = None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RankInfo:
         import ray
 
         return {
@@ -73,10 +79,19 @@ class _RankActor:
         host = f"[{ip}]" if ":" in ip else ip
         return f"tcp://{host}:{free_port(ip)}"
 
-    def setup(self, resolved, group: str, rank: int, world: int, init_method: str, timeout_s: float, gpu):
+    def setup(
+        self,
+        resolved: ResolvedConfig,
+        group: str,
+        rank: int,
+        world: int,
+        init_method: str,
+        timeout_s: float,
+        gpu: int | None,
+    ) -> None:
         self.rank = Rank(resolved, group, rank, world, init_method, timeout_s, gpu=gpu)
 
-    def call(self, cmd: str, *args):
+    def call(self, cmd: str, *args: object) -> object:
         return getattr(self.rank, cmd)(*args)
 
     def close(self) -> None:
@@ -114,10 +129,10 @@ class RayRanks:
 
     def __init__(
         self,
-        resolved,
+        resolved: ResolvedConfig,
         group: str,
         *,
-        placement_group,
+        placement_group: Any,
         bundle_indices: list[int],
         resources: dict[str, float] | None = None,
         env_vars: dict[str, str] | None = None,
@@ -143,7 +158,7 @@ class RayRanks:
         self._actors: list[Any] = []
         self._names: list[str] = []
         self._start_refs: list[Any] = []
-        self._info: list[dict[str, Any]] = []
+        self._info: list[RankInfo] = []
         self._ready = False
 
     @property
@@ -151,12 +166,12 @@ class RayRanks:
         """The rank actors' process ids, rank 0 first (waits for start-up)."""
         return [i["pid"] for i in self.info()]
 
-    def info(self) -> list[dict[str, Any]]:
+    def info(self) -> list[RankInfo]:
         """Per rank, rank 0 first: ``rank``, ``pid``, ``ppid``, ``node`` (IP), ``actor_id``, ``name`` (the
         named actor's), ``bundle`` (the placement-group bundle it runs in, as Ray reports it) and
         ``cuda_visible_devices``. Waits for start-up."""
         self._start_up()
-        return [dict(i) for i in self._info]
+        return [RankInfo(**i) for i in self._info]
 
     def start(self) -> RayRanks:
         """Start the rank actors, ask rank 0 for the rendezvous address, and have every rank load and shard the
@@ -205,7 +220,11 @@ class RayRanks:
         n = self.num_ranks
         # the i-th ref belongs to rank i % n (infos first, then the set-ups)
         out = self._wait(self._start_refs, "start-up", self.timeout_s, rank_of=lambda i: i % n)
-        self._info = [{"rank": r, "name": self._names[r], **info} for r, info in enumerate(out[:n])]
+        self._info = []
+        for r, info in enumerate(out[:n]):
+            entry: RankInfo = {"rank": r, "name": self._names[r]}
+            entry.update(cast(RankInfo, info))  # _RankActor.info
+            self._info.append(entry)
         self._start_refs = []
         self._ready = True
         logger.info(
@@ -224,7 +243,9 @@ class RayRanks:
             rank=rank,
         )
 
-    def _wait(self, refs: list, cmd: str, timeout_s: float, rank_of=None) -> list[Any]:
+    def _wait(
+        self, refs: list[Any], cmd: str, timeout_s: float, rank_of: Callable[[int], int] | None = None
+    ) -> list[Any]:
         """Every ref's result, in order; the first rank that died, raised or ran past ``timeout_s`` fails."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
@@ -254,7 +275,9 @@ class RayRanks:
                     self._fail(rank_of(i), f"failed during {cmd}: {type(cause).__name__}: {cause}", str(e))
         return out
 
-    def _dead(self, pending: dict, rank_of, wait_s: float = 5.0) -> int | None:
+    def _dead(
+        self, pending: dict[Any, int], rank_of: Callable[[int], int], wait_s: float = 5.0
+    ) -> int | None:
         """A rank among ``pending`` whose actor is gone, waiting up to ``wait_s`` for their answers."""
         import ray
         from ray.exceptions import RayActorError
@@ -271,7 +294,7 @@ class RayRanks:
                 pass
         return None
 
-    def call(self, cmd: str, *args) -> list[Any]:
+    def call(self, cmd: str, *args: object) -> list[Any]:
         """Run ``cmd`` on every rank (a method of :class:`Rank`: ``update``, ``state_dict``, ``save``,
         ``load``, ``sizes``) and return each rank's result, rank 0 first.
 
@@ -287,9 +310,10 @@ class RayRanks:
         refs = [a.call.remote(cmd, *shared) for a in self._actors]
         return self._wait(refs, cmd, self.call_timeout_s)
 
-    def update(self, samples, advantages) -> dict[str, float]:
+    def update(self, samples: Sequence[Sample], advantages: Sequence[float]) -> dict[str, float]:
         """See :meth:`ShardedRanks.update`."""
-        return self.call("update", list(samples), [float(a) for a in advantages])[0]
+        metrics: dict[str, float] = self.call("update", list(samples), [float(a) for a in advantages])[0]
+        return metrics
 
     def sizes(self) -> list[dict[str, int]]:
         """See :meth:`ShardedRanks.sizes`."""
@@ -298,7 +322,8 @@ class RayRanks:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """See :meth:`ShardedRanks.full_state_dict` (rank 0's gathered copy travels through Ray's object
         store)."""
-        return self.call("state_dict")[0]
+        sd: dict[str, torch.Tensor] = self.call("state_dict")[0]
+        return sd
 
     def save(self, folder: str) -> int:
         """See :meth:`ShardedRanks.save` (``folder`` must be on rank 0's node: the worker's when they share a

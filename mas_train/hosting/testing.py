@@ -10,17 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from mas_train.hosting.policy import GroupPolicy
-from mas_train.rollout import Sample
+from mas_train.hosting.policy import GroupPolicy, GroupState
+from mas_train.samples import Sample
 
 __all__ = ["check_policy", "policy_state"]
 
 
-def policy_state(policy: GroupPolicy, *, updates: int = 0) -> dict[str, Any]:
+def policy_state(policy: GroupPolicy, *, updates: int = 0) -> GroupState:
     """The ``state.json`` the worker writes for ``policy`` (before the policy's own entries)."""
     return {
         "updates": updates,
@@ -71,7 +70,7 @@ def check_policy(
             else:
                 raise AssertionError(f"{type(p).__name__}.update did not refuse: the policy does not train")
             assert p.parameters_for_sync() is None, "a policy that does not train has nothing to sync"
-            state = {**policy_state(p), **p.save(folder)}
+            state: GroupState = {**policy_state(p), **p.save(folder)}
             assert p.load(folder, state, optimizer=True) is None, "loading a frozen save must load nothing"
             return
         assert p.num_parameters > 0

@@ -13,18 +13,26 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from mas_train import lora
 from mas_train.backends import backend_kind, make_backend
-from mas_train.backends.base import ChatBackend, UsageReporter
+from mas_train.backends.base import ChatBackend, GenerationOutput, SamplingParams, UsageReporter
 from mas_train.backends.hf import HFBackend
 from mas_train.grpo.update import build_group_trainer
-from mas_train.hosting.policy import FrozenPolicy, FullPolicy, GroupPolicy, LoraPolicy, RemotePolicy
+from mas_train.hosting.policy import (
+    FrozenLoraPolicy,
+    FrozenPolicy,
+    FullPolicy,
+    GroupPolicy,
+    GroupState,
+    LoraPolicy,
+    RemotePolicy,
+)
 from mas_train.hosting.sharded import ShardedPolicy, ShardedRanks
 from mas_train.models import (
     hf_progress_bars_off,
@@ -34,7 +42,16 @@ from mas_train.models import (
     resolve_dtype,
     resolve_model_path,
 )
-from mas_train.rollout import Sample
+from mas_train.samples import Sample
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+    from mas_train.config import ResolvedConfig
+    from mas_train.hosting.protocols import RankInfo, Ranks
+
+#: ``make_ranks(resolved, group)``: a sharded group's ranks, not started.
+MakeRanks = Callable[["ResolvedConfig", str], "Ranks"]
 
 __all__ = ["ModelGroupWorker", "StaleSampleError", "make_policy"]
 
@@ -60,12 +77,12 @@ class ModelGroupWorker:
 
     def __init__(
         self,
-        resolved: Any,
+        resolved: ResolvedConfig,
         group: str,
         *,
         train: bool | None = None,
-        shared_model: Any = None,
-        make_ranks: Callable[[Any, str], Any] | None = None,
+        shared_model: PeftModel | None = None,
+        make_ranks: MakeRanks | None = None,
     ) -> None:
         g = resolved.model_groups[group]
         self.group = group
@@ -85,7 +102,7 @@ class ModelGroupWorker:
         self.updates = 0
 
     @property
-    def model(self) -> Any:
+    def model(self) -> torch.nn.Module | None:
         """The module the backend samples with (``None`` for a remote endpoint)."""
         return self.policy.generation_model
 
@@ -94,7 +111,9 @@ class ModelGroupWorker:
     def weight_version(self) -> int:
         return int(self.backend.weight_version)
 
-    def generate(self, prompt_ids, sampling):
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationOutput]:
         """The backend's ``generate`` (see :mod:`mas_train.backends.base`), with this group's adapter active."""
         self.policy.activate(training=False)
         return self.backend.generate(prompt_ids, sampling)
@@ -110,7 +129,12 @@ class ModelGroupWorker:
             return None
         return id(base) if self.backend.model is base else None
 
-    def generate_mixed(self, prompt_ids, sampling, workers: Sequence[ModelGroupWorker]):
+    def generate_mixed(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+        workers: Sequence[ModelGroupWorker],
+    ) -> list[GenerationOutput]:
         """One batched ``generate`` over the rows of several model groups sharing this worker's base model:
         row i samples with ``workers[i]``'s adapter (PEFT mixed-adapter batch, see
         :meth:`~mas_train.backends.hf.HFBackend.generate`) and is stamped with ``workers[i]``'s
@@ -148,7 +172,11 @@ class ModelGroupWorker:
         """Whether the backend takes chat messages rather than token ids (a chat endpoint)."""
         return isinstance(self.backend, ChatBackend) and bool(self.backend.wants_messages)
 
-    def generate_messages(self, messages, sampling):
+    def generate_messages(
+        self,
+        messages: Sequence[Sequence[Mapping[str, str]]],
+        sampling: SamplingParams | Sequence[SamplingParams],
+    ) -> list[GenerationOutput]:
         """The backend's ``generate_messages`` (chat endpoints: the server applies its own template).
 
         Raises:
@@ -212,7 +240,7 @@ class ModelGroupWorker:
         state), rank 0 first; ``None`` for an unsharded group. See :meth:`~mas_train.hosting.sharded.ShardedRanks.sizes`."""
         return self.policy.ranks.sizes() if isinstance(self.policy, ShardedPolicy) else None
 
-    def rank_info(self) -> list[dict] | None:
+    def rank_info(self) -> list[RankInfo] | None:
         """A sharded group's ranks, rank 0 first: ``rank``, ``pid``, ``node``, and under ``pool: ray`` the rank
         actor's ``actor_id``, ``name`` and placement-group ``bundle``; ``None`` for an unsharded group. See
         :meth:`~mas_train.hosting.sharded_ray.RayRanks.info`."""
@@ -226,7 +254,7 @@ class ModelGroupWorker:
         only ``state.json`` (its weights are its ``model`` setting's)."""
         path = Path(folder)
         path.mkdir(parents=True, exist_ok=True)
-        state: dict[str, Any] = {
+        state: GroupState = {
             "updates": self.updates,
             "group": self.group,
             "agents": list(self.agents),
@@ -237,10 +265,10 @@ class ModelGroupWorker:
         state.update(self.policy.save(path))
         (path / "state.json").write_text(json.dumps(state))
 
-    def _state(self, folder: Path) -> dict[str, Any]:
+    def _state(self, folder: Path) -> GroupState:
         if not (folder / "state.json").is_file():
             raise FileNotFoundError(f"checkpoint of group {self.group!r} lacks {folder / 'state.json'}")
-        return json.loads((folder / "state.json").read_text())
+        return cast(GroupState, json.loads((folder / "state.json").read_text()))
 
     def load_weights(self, folder: str) -> None:
         """Load the weights :meth:`save` wrote into the policy and sync the backend; no optimizer state
@@ -279,12 +307,12 @@ class ModelGroupWorker:
 
 
 def make_policy(
-    resolved: Any,
+    resolved: ResolvedConfig,
     group: str,
     *,
     train: bool | None = None,
-    shared_model: Any = None,
-    make_ranks: Callable[[Any, str], Any] | None = None,
+    shared_model: PeftModel | None = None,
+    make_ranks: MakeRanks | None = None,
 ) -> GroupPolicy:
     """The policy of model group ``group``: the one place that picks a hosting mode.
 
@@ -340,8 +368,11 @@ def make_policy(
                 lora.add(model, g.lora, group)
         # the optimizer TRL builds holds exactly the parameters with requires_grad: this adapter's
         lora.activate(model, group, trainable=trains)
-        trainer = build_group_trainer(resolved, group, model, tok, device) if trains else None
-        return LoraPolicy(group, model_path, model, tok, g.lora, trainer)
+        if not trains:
+            return FrozenLoraPolicy(group, model_path, model, tok)
+        return LoraPolicy(
+            group, model_path, model, tok, g.lora, build_group_trainer(resolved, group, model, tok, device)
+        )
     if trains:
         return FullPolicy(group, model_path, build_group_trainer(resolved, group, model, tok, device), tok)
     return FrozenPolicy(group, model_path, model, tok)

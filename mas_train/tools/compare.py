@@ -37,9 +37,9 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mas_train.tools.compare_report import (
     EVAL_KEY,
@@ -50,6 +50,10 @@ from mas_train.tools.compare_report import (
     summarize_run,
 )
 from mas_train.tools.plots import load_run
+
+if TYPE_CHECKING:
+    from mas_train.config import TrainConfig
+    from mas_train.run import TrainSummary
 
 __all__ = [
     "RunSummary",
@@ -68,12 +72,14 @@ _RESERVED = ("--advantage_mode", "--seed", "--output_dir", "--run_name", "--resu
 
 
 # -- training side ---------------------------------------------------------------------------------------------
-def train_one(cfg) -> dict[str, Any]:
-    """Train one configuration to ``max_steps`` (:func:`mas_train.run.train`); returns its summary (with
+def train_one(cfg: TrainConfig) -> TrainSummary:
+    """Train one configuration to ``max_steps`` as ``mas-train`` does (:func:`mas_train.run.train` with
+    :func:`mas_train.tools.finish.end_of_run`: plots and report included); returns its summary (with
     ``run_dir``)."""
     from mas_train.run import train
+    from mas_train.tools.finish import end_of_run
 
-    return train(cfg, progress=False)
+    return train(cfg, progress=False, end_of_run=end_of_run())
 
 
 #: Settings in which an existing run may differ from the one mas-compare would launch and still be reused: where
@@ -95,7 +101,7 @@ REUSABLE_DIFFERENCES = frozenset(
 )
 
 
-def config_mismatch(run_dir: str | Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
+def config_mismatch(run_dir: str | Path, cfg: TrainConfig) -> dict[str, tuple[object, object]]:
     """The settings in which the run saved in ``run_dir`` (its ``config.yaml``) differs from ``cfg``, the run
     mas-compare would launch there, beyond :data:`REUSABLE_DIFFERENCES` and a larger ``max_steps``; ``{}`` when
     it can be reused (or has no ``config.yaml``).
@@ -114,7 +120,7 @@ def config_mismatch(run_dir: str | Path, cfg: Any) -> dict[str, tuple[Any, Any]]
     saved = TrainConfig.from_yaml(path)
     diff = config_diff(saved, cfg)
     out = {k: v for k, v in diff.items() if k.split(".", 1)[0] not in REUSABLE_DIFFERENCES}
-    if "max_steps" in out and out["max_steps"][0] < out["max_steps"][1]:
+    if "max_steps" in out and saved.max_steps < cfg.max_steps:
         del out["max_steps"]  # a longer budget: the run resumes from its newest checkpoint
     return out
 
@@ -155,7 +161,7 @@ def run_comparison(
     seeds: Sequence[int],
     out_dir: str | Path,
     *,
-    train_fn: Callable[[Any], dict[str, Any]] | None = None,
+    train_fn: Callable[[TrainConfig], Mapping[str, object]] | None = None,
     log: Callable[[str], None] = print,
     pool: str = "local",
     run_cpus: float = 1.0,
@@ -251,7 +257,7 @@ def run_comparison(
         for run_dir, argv in todo:
             log(f"mas-compare: training {run_dir.name}")
             summary = train_fn(parse_args(argv))
-            if Path(summary["run_dir"]).resolve() != run_dir.resolve():
+            if Path(str(summary["run_dir"])).resolve() != run_dir.resolve():
                 raise RuntimeError(f"train_fn wrote into {summary['run_dir']}, expected {run_dir}")
             trained.append(run_dir)
     return [p[0] for p in plan], trained

@@ -140,35 +140,37 @@ def _eval_rows(first: Mapping[str, Any], last: Mapping[str, Any]) -> list[dict[s
     return rows
 
 
-def _settings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
-    groups = cfg.get("model_groups") or {}
-    models = ", ".join(f"{g}: {v.get('model') or cfg.get('model')}" for g, v in groups.items()) or str(
-        cfg.get("model")
+def _settings(saved: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The settings table of a run page from its ``config.yaml`` as read (plain YAML data, not a
+    :class:`~mas_train.config.TrainConfig`: the page shows runs of older versions too)."""
+    groups = saved.get("model_groups") or {}
+    models = ", ".join(f"{g}: {v.get('model') or saved.get('model')}" for g, v in groups.items()) or str(
+        saved.get("model")
     )
-    lora = cfg.get("lora")
+    lora = saved.get("lora")
     rows = [
         (
             "env",
-            f"{cfg.get('env')} {json.dumps(cfg['env_kwargs'])}"
-            if cfg.get("env_kwargs")
-            else str(cfg.get("env")),
+            f"{saved.get('env')} {json.dumps(saved['env_kwargs'])}"
+            if saved.get("env_kwargs")
+            else str(saved.get("env")),
         ),
         ("model", models),
-        ("model sharing", str(cfg.get("model_sharing"))),
+        ("model sharing", str(saved.get("model_sharing"))),
         ("LoRA", f"r={lora.get('r')}, alpha={lora.get('alpha')}" if isinstance(lora, Mapping) else "off"),
-        ("advantage", f"{cfg.get('advantage_mode')} (scope {cfg.get('advantage_scope')})"),
+        ("advantage", f"{saved.get('advantage_mode')} (scope {saved.get('advantage_scope')})"),
         (
             "batch",
-            f"{cfg.get('tasks_per_step')} tasks × G={cfg.get('num_generations')} per step, "
-            f"max_steps {cfg.get('max_steps')}, lr {cfg.get('learning_rate')}",
+            f"{saved.get('tasks_per_step')} tasks × G={saved.get('num_generations')} per step, "
+            f"max_steps {saved.get('max_steps')}, lr {saved.get('learning_rate')}",
         ),
-        ("train data", str(cfg.get("train_data") or "the env default")),
+        ("train data", str(saved.get("train_data") or "the env default")),
         (
             "eval",
-            f"{cfg.get('eval_data') or 'the env default'}: {cfg.get('eval_num_tasks') or 'all'} tasks × "
-            f"k={cfg.get('eval_k')}, every {cfg.get('eval_steps')} steps",
+            f"{saved.get('eval_data') or 'the env default'}: {saved.get('eval_num_tasks') or 'all'} tasks × "
+            f"k={saved.get('eval_k')}, every {saved.get('eval_steps')} steps",
         ),
-        ("seed", str(cfg.get("seed"))),
+        ("seed", str(saved.get("seed"))),
     ]
     return rows
 

@@ -9,7 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mas_envs.core import Outcome, TextAECEnv, Transition, UnicodeText, messages_to_text, task_id_of, wrap
+from mas_envs.core import (
+    Outcome,
+    TextAECEnv,
+    Transition,
+    UnicodeText,
+    messages_to_text,
+    task_id_of,
+    text_env,
+    wrap,
+)
 
 TASKS = [{"question": f"say {i}", "answer": str(i), "data_source": "toy", "id": f"toy/{i}"} for i in range(5)]
 
@@ -288,3 +297,27 @@ def test_named_task_sets_are_loaded_once_per_process_and_not_pickled():
     d.reset(options={"task_index": 0})
     d.task["question"] = "changed"
     assert given[0]["question"] == "say 0"  # the episode's row is a copy
+
+
+def test_text_env_reaches_the_declared_contract_through_wrappers_with_its_defaults():
+    env = wrap(RelayEnv(tasks=[{"question": "q", "answer": "1"}]))
+    inner = text_env(env)
+    assert inner is env.unwrapped and isinstance(inner, RelayEnv)
+    # what a trainer reads, declared on TextAECEnv with defaults (this env overrides only stop_strings)
+    assert inner.stop_strings == {"alice": (), "bob": ("done",)}
+    assert inner.role_reward_agents == () and inner.startup_warnings() == []
+    assert inner.eval_task_source() is None and inner.invalid_action_penalty == 0.1
+    env.reset(seed=0)
+    play(env, ["3", "done"])
+    assert [(e.speaker, e.text) for e in inner.transcript if e.speaker != "env"][:2] == [
+        ("alice", "3"),
+        ("bob", "done"),
+    ]
+
+
+def test_text_env_refuses_an_env_that_is_not_a_text_env():
+    class Plain:
+        unwrapped = object()
+
+    with pytest.raises(TypeError, match="is not a mas_envs.TextAECEnv"):
+        text_env(Plain())  # type: ignore[arg-type]

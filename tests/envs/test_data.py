@@ -37,7 +37,7 @@ def test_gsm8k_keeps_the_worked_solution():
 
 
 def test_bundled_licence_notice_ships():
-    notice = Path(__file__).resolve().parents[2] / "mas_envs" / "data" / "NOTICE.md"
+    notice = Path(__file__).resolve().parents[2] / "mas_envs" / "bundled" / "NOTICE.md"
     text = notice.read_text()
     assert "MIT" in text and "grade-school-math" in text and "hendrycks" in text.lower()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mas_envs.rewards.math import GRADE_TIMEOUT_S, grade_math
+from mas_envs.rewards.math_grade import GRADE_TIMEOUT_S, grade_math
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG = r"\boxed{9^{9^{9^{9}}}}"  # SymPy would compute a 370-million-digit power
@@ -31,7 +31,7 @@ def test_digits_of_any_script_grade(response, gold):
 
 
 def test_ascii_digits_keeps_superscripts_and_letters():
-    from mas_envs.rewards.math import ascii_digits
+    from mas_envs.rewards.math_grade import ascii_digits
 
     assert ascii_digits("x² + ٣") == "x² + 3"
     assert ascii_digits("４２ｘ") == "42x"

@@ -275,8 +275,8 @@ def test_trainer_writes_each_steps_episodes_with_the_advantages_it_trained_on(tm
     pytest.importorskip("trl")
     from _train_fakes import PARITY_TASKS, make_parity_env
 
+    from mas_train.assemble import assemble_trainer
     from mas_train.config import TrainConfig
-    from mas_train.trainer import MultiGroupTrainer
 
     cfg = TrainConfig.from_dict(
         dict(
@@ -293,7 +293,7 @@ def test_trainer_writes_each_steps_episodes_with_the_advantages_it_trained_on(tm
             log_eval_episodes=2,
         )
     )
-    tr = MultiGroupTrainer(
+    tr = assemble_trainer(
         cfg.resolve(["solver", "verifier"]),
         env_factory=make_parity_env,
         train_tasks=PARITY_TASKS,

@@ -88,8 +88,8 @@ def shared_model(tmp_path_factory, tiny_qwen3_path):
 
 
 def _train_two_steps(pool: str, shared_model: str, out_dir: Path) -> dict[str, tuple[str, str]]:
+    from mas_train.assemble import assemble_trainer
     from mas_train.hosting.ray_pool import parameter_fingerprint
-    from mas_train.trainer import MultiGroupTrainer
 
     raw = yaml.safe_load(EXAMPLE.read_text())
     raw["model_groups"]["search_answer"]["model"] = shared_model
@@ -106,7 +106,7 @@ def _train_two_steps(pool: str, shared_model: str, out_dir: Path) -> dict[str, t
         seed=0,
     )
     resolved = TrainConfig.from_dict(raw).resolve(["verifier", "searcher", "answerer"])
-    trainer = MultiGroupTrainer(resolved)
+    trainer = assemble_trainer(resolved)
     try:
 
         def fingerprint(g):

@@ -12,11 +12,11 @@ pytest.importorskip("trl")
 
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
+from mas_train.assemble import assemble_trainer  # noqa: E402
 from mas_train.config import ConfigError, TrainConfig  # noqa: E402
 from mas_train.hosting.policy import FrozenPolicy  # noqa: E402
 from mas_train.lora import is_adapter_param  # noqa: E402
 from mas_train.rollout import Sample  # noqa: E402
-from mas_train.trainer import MultiGroupTrainer  # noqa: E402
 
 AGENTS = ["solver", "verifier"]
 # one adapter per agent, each with its own rank and learning rate
@@ -48,7 +48,7 @@ def _cfg(tmp_path, model, run_name="run", **extra):
 
 def _trainer(tmp_path, model, run_name="run", **extra):
     resolved = _cfg(tmp_path, model, run_name, **extra).resolve(AGENTS)
-    return MultiGroupTrainer(resolved, env_factory=make_parity_env, train_tasks=PARITY_TASKS)
+    return assemble_trainer(resolved, env_factory=make_parity_env, train_tasks=PARITY_TASKS)
 
 
 def _snapshot(model):
@@ -179,6 +179,7 @@ def test_adapters_save_in_peft_format_and_reload_to_the_same_logprobs(tmp_path, 
             assert (_logps(loaded, FIXED) - expected[a]).abs().max() > 1e-4
 
     # the mas-eval path: generation-only workers (train=False) load the adapters and reproduce the policy
+    from mas_train.hosting.policy import FrozenLoraPolicy
     from mas_train.hosting.pools import LocalPool
 
     pool = LocalPool(_cfg(tmp_path, tiny_qwen3_path, "eval", **SHARED).resolve(AGENTS), train=False).start()
@@ -186,7 +187,8 @@ def test_adapters_save_in_peft_format_and_reload_to_the_same_logprobs(tmp_path, 
         for a in AGENTS:
             w = pool.worker(a)
             assert (
-                w.policy.trainer is None
+                isinstance(w.policy, FrozenLoraPolicy)  # an adapter that only generates
+                and not w.trains
                 and w.num_parameters == 0
                 and w.policy.shared_base is pool.worker("solver").policy.shared_base
             )
@@ -344,7 +346,7 @@ MIXED_TASKS = [PARITY_TASKS[0], dict(PARITY_TASKS[1], first_agent="verifier")]
 
 def _run_two_steps(tmp_path, model, *, mix_adapters):
     resolved = _cfg(tmp_path, model, f"mix{int(mix_adapters)}", **SHARED).resolve(AGENTS)
-    tr = MultiGroupTrainer(resolved, env_factory=make_parity_env, train_tasks=MIXED_TASKS)
+    tr = assemble_trainer(resolved, env_factory=make_parity_env, train_tasks=MIXED_TASKS)
     tr.collector.mix_adapters = mix_adapters
     batches, steps = [], []
     collect = tr.collector.collect

@@ -10,7 +10,13 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from mas_train.config import TrainConfig  # noqa: E402
-from mas_train.hosting.policy import FrozenPolicy, FullPolicy, LoraPolicy, RemotePolicy  # noqa: E402
+from mas_train.hosting.policy import (  # noqa: E402
+    FrozenLoraPolicy,
+    FrozenPolicy,
+    FullPolicy,
+    LoraPolicy,
+    RemotePolicy,
+)
 from mas_train.hosting.sharded import ShardedPolicy  # noqa: E402
 from mas_train.hosting.testing import check_policy  # noqa: E402
 from mas_train.hosting.worker import make_policy  # noqa: E402
@@ -67,6 +73,11 @@ MODES = {
     "full": (FullPolicy, {}, None),
     "lora": (LoraPolicy, {"lora": {"r": 4, "alpha": 8}}, None),
     "frozen": (FrozenPolicy, {}, False),
+    "frozen_lora": (
+        FrozenLoraPolicy,
+        {"lora": {"r": 4, "alpha": 8}},
+        False,
+    ),  # an adapter that only generates
     "sharded": (ShardedPolicy, {"num_ranks": 2}, None),
 }
 

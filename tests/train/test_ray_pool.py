@@ -190,7 +190,7 @@ def test_ray_pool_trains_bit_identically_to_the_local_pool(ray_cluster, branchin
     """
     import torch
 
-    from mas_train.trainer import MultiGroupTrainer
+    from mas_train.assemble import assemble_trainer
 
     def run(pool_kind):
         cfg = TrainConfig.from_dict(
@@ -212,7 +212,7 @@ def test_ray_pool_trains_bit_identically_to_the_local_pool(ray_cluster, branchin
             }
         )
         resolved = cfg.resolve(["solver", "verifier"])
-        trainer = MultiGroupTrainer(resolved)
+        trainer = assemble_trainer(resolved)
         try:
             if pool_kind == "local":
                 before = {g: parameter_fingerprint(trainer.pool.worker(g).model) for g in trainer.groups}

@@ -41,6 +41,7 @@ def run_dir(tmp_path_factory, tiny_qwen3_path):
 
     from mas_train.config import TrainConfig
     from mas_train.run import train
+    from mas_train.tools.finish import end_of_run
 
     tmp = tmp_path_factory.mktemp("browser-run")
     held_out = [
@@ -70,7 +71,9 @@ def run_dir(tmp_path_factory, tiny_qwen3_path):
             run_name="tiny",
         )
     )
-    summary = train(cfg, progress=False, out=io.StringIO(), env_factory=make_parity_env)
+    summary = train(
+        cfg, progress=False, out=io.StringIO(), env_factory=make_parity_env, end_of_run=end_of_run()
+    )
     assert summary["report"] == str(tmp / "tiny" / "report.html")
     return tmp / "tiny"
 

@@ -18,10 +18,10 @@ pytest.importorskip("trl")
 
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
+from mas_train.assemble import assemble_trainer  # noqa: E402
 from mas_train.checkpoint import find_checkpoint, list_checkpoints  # noqa: E402
 from mas_train.config import TrainConfig  # noqa: E402
 from mas_train.tracking import RunLogger, read_jsonl  # noqa: E402
-from mas_train.trainer import MultiGroupTrainer  # noqa: E402
 
 
 def _trainer(tmp_path, model, run_name):
@@ -38,7 +38,7 @@ def _trainer(tmp_path, model, run_name):
             sampling={"max_new_tokens": 4},
         )
     )
-    return MultiGroupTrainer(
+    return assemble_trainer(
         cfg.resolve(["solver", "verifier"]), env_factory=make_parity_env, train_tasks=PARITY_TASKS
     )
 

@@ -161,7 +161,7 @@ def test_the_trainer_scores_with_the_agents_weights_and_passes_turn_ids(
 
     import mas_train.advantages as advantages
     from mas_envs.core import Outcome, wrap
-    from mas_train.trainer import MultiGroupTrainer
+    from mas_train.assemble import assemble_trainer
 
     class RoleParity(ParityEnv):
         role_reward_agents = ("verifier",)
@@ -196,7 +196,7 @@ def test_the_trainer_scores_with_the_agents_weights_and_passes_turn_ids(
             agents={"verifier": {"reward_weights": {"team": 2.0, "role": 4.0}}},
         )
     )
-    tr = MultiGroupTrainer(
+    tr = assemble_trainer(
         cfg.resolve(["solver", "verifier"]),
         env_factory=lambda: wrap(RoleParity()),
         train_tasks=PARITY_TASKS,

@@ -89,7 +89,7 @@ def test_ctrl_c_before_the_first_checkpoint_and_the_openai_start_up_line(tmp_pat
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "MultiGroupTrainer", interrupted)
+    monkeypatch.setattr(trainer, "assemble_trainer", interrupted)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     argv = [*TINY, "--model_groups.shared.backend", "openai", "--model_groups.shared.trainable", "false"]
     argv += ["--model_groups.shared.backend_options", "base_url=http://127.0.0.1:9/v1,model=served-name"]

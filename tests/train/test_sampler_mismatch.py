@@ -77,9 +77,11 @@ def test_sampler_check_reports_per_agent_and_corrects_only_when_told():
 
 
 def _group(backend="hf", dtype=None, grpo=None):
+    from mas_train.backends.options import HFOptions
+
     return types.SimpleNamespace(
         backend=backend,
-        backend_options=types.SimpleNamespace(dtype=dtype),
+        backend_options=HFOptions(dtype=dtype),  # what a resolved hf group holds (other kinds: not read)
         grpo_config_kwargs=lambda: dict(grpo or {}),
     )
 

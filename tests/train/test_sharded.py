@@ -14,10 +14,10 @@ pytest.importorskip("trl")
 
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
+from mas_train.assemble import assemble_trainer  # noqa: E402
 from mas_train.config import ConfigError, TrainConfig  # noqa: E402
 from mas_train.hosting.sharded import ShardedPolicy  # noqa: E402
 from mas_train.hosting.sharded_rank import RankFailure, optimizer_state_by_index, rank_share  # noqa: E402
-from mas_train.trainer import MultiGroupTrainer  # noqa: E402
 
 AGENTS = ["solver", "verifier"]
 # fp32 on CPU: the 2-rank gradient is the 1-rank one summed in another order (reduce-scatter), and each rank
@@ -47,7 +47,7 @@ def _cfg(tmp_path, model, run_name, **kw):
 
 
 def _trainer(cfg):
-    return MultiGroupTrainer(cfg.resolve(AGENTS), env_factory=make_parity_env, train_tasks=PARITY_TASKS)
+    return assemble_trainer(cfg.resolve(AGENTS), env_factory=make_parity_env, train_tasks=PARITY_TASKS)
 
 
 def _params(t):

@@ -12,11 +12,11 @@ pytest.importorskip("trl")
 
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
+from mas_train.assemble import assemble_trainer  # noqa: E402
 from mas_train.grpo.update import GroupGRPOTrainer, grpo_args  # noqa: E402
 from mas_train.hosting.worker import StaleSampleError  # noqa: E402
 from mas_train.rollout import Sample  # noqa: E402
 from mas_train.tasks import TaskSampler  # noqa: E402
-from mas_train.trainer import MultiGroupTrainer  # noqa: E402
 
 
 def _samples(n_solver=4, n_verifier=3, seed=0):
@@ -315,7 +315,7 @@ def _multi(tmp_path, tiny_qwen3_path, sharing, **extra):
         )
     )
     resolved = cfg.resolve(["solver", "verifier"])
-    return MultiGroupTrainer(resolved, env_factory=make_parity_env, train_tasks=PARITY_TASKS)
+    return assemble_trainer(resolved, env_factory=make_parity_env, train_tasks=PARITY_TASKS)
 
 
 def _group_params(tr):

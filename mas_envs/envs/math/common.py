@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mas_envs.core import task_id_of
-from mas_envs.rewards.math import extract_boxed, gold_strings, grade_math, strip_think
+from mas_envs.rewards.math_grade import extract_boxed, gold_strings, grade_math, strip_think
 
 __all__ = [
     "MATH_FUZZ",

@@ -33,11 +33,10 @@ from typing import Any
 
 from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
 from mas_envs.envs.math import prompts
-from mas_envs.envs.math.common import (  # noqa: F401  (gold_of, require_gold: re-exported for 0.1 imports)
+from mas_envs.envs.math.common import (
     MATH_FUZZ,
     check_prompt_style,
     fewshot_solver_messages,
-    gold_of,
     grade_solution,
     gsm8k_golden_task,
     require_gold,

@@ -9,7 +9,7 @@ Task rows come out as ``{"id", "question", "golden_answers", "data_source", ...}
 schema ``TextAECEnv.reset(options={"task": row})`` expects.
 
 The bundled set (``"hotpotqa"``): 150 HotpotQA dev questions (distractor setting) whose 1,484 context
-paragraphs form the bundled retrieval corpus; CC BY-SA 4.0, see ``mas_envs/data/hotpotqa/NOTICE.md``. It is
+paragraphs form the bundled retrieval corpus; CC BY-SA 4.0, see ``mas_envs/bundled/hotpotqa/NOTICE.md``. It is
 split by position: the first 100 questions are the search envs' training tasks (``hotpotqa_train.jsonl``),
 the last 50 their evaluation tasks (``hotpotqa_dev.jsonl``, the envs' ``default_eval_tasks``). The two share
 no question, and the corpus holds both gold paragraphs of every question of both.
@@ -48,7 +48,7 @@ FLASHRAG_DATASETS = {
 
 
 def _hotpotqa_dir() -> Path:
-    return Path(str(resources.files("mas_envs") / "data" / "hotpotqa"))
+    return Path(str(resources.files("mas_envs") / "bundled" / "hotpotqa"))
 
 
 HOTPOTQA_SPLITS = ("train", "dev")

@@ -41,18 +41,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
+from mas_envs.core import GoldenEpisode, Outcome, Transition, wrap
 
+from .base import SearchEnv
 from .common import (
-    NotesAfterActionMixin,
-    SearchMetricsMixin,
-    check_retriever_arg,
     golden_answers_of,
     information_block,
     parse_action,
     score_answer,
 )
-from .prompts import check_prompt_style, fewshot_1agent_messages
+from .prompts import fewshot_1agent_messages
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchOneAgentEnv", "env", "raw_env"]
@@ -72,7 +70,7 @@ _FORMAT_REMINDER = (
 )
 
 
-class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
+class SearchOneAgentEnv(SearchEnv):
     """Single-agent think → search | answer loop (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -103,18 +101,15 @@ class SearchOneAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
         invalid_action_penalty: float | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
-        check_retriever_arg(retriever)
-        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(
+            retriever=retriever,
+            topk=topk,
+            prompt_style=prompt_style,
+            max_turns=max_turns,  # one agent action per turn, so the base's cap is the turn cap
             tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
-            max_turns=max_turns,  # one agent action per turn, so the base's cap is the turn cap
             render_mode=render_mode,
         )
-        self.retriever = retriever
-        self.topk = topk
 
     def start_episode(self, task: dict[str, Any]) -> str:
         golden_answers_of(task)  # a task without a usable gold answer fails here, not at episode end

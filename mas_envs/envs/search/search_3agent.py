@@ -84,12 +84,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, Transition, wrap
+from mas_envs.core import GoldenEpisode, Outcome, Transition, wrap
 
+from .base import SearchEnv
 from .common import (
-    NotesAfterActionMixin,
-    SearchMetricsMixin,
-    check_retriever_arg,
     clip_query,
     first_block,
     golden_answers_of,
@@ -97,7 +95,7 @@ from .common import (
     parse_action,
     score_answer,
 )
-from .prompts import check_prompt_style, fewshot_3agent_messages, render_history
+from .prompts import fewshot_3agent_messages, render_history
 from .retriever import KeywordRetriever, Passage, Retriever
 
 __all__ = ["SearchThreeAgentEnv", "env", "raw_env"]
@@ -129,7 +127,7 @@ SYSTEM_PROMPTS = {
 }
 
 
-class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv):
+class SearchThreeAgentEnv(SearchEnv):
     """Verifier → searcher | answerer multi-turn search QA (see the module docstring)."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -168,24 +166,21 @@ class SearchThreeAgentEnv(SearchMetricsMixin, NotesAfterActionMixin, TextAECEnv)
         invalid_action_penalty: float | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
-        check_retriever_arg(retriever)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if first_turn not in ("verify", "search"):
             raise ValueError(f"first_turn must be 'verify' or 'search', got {first_turn!r}")
         if last_turn not in ("answer", "verify"):
             raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
-        self.prompt_style = check_prompt_style(prompt_style)
         super().__init__(
+            retriever=retriever,
+            topk=topk,
+            prompt_style=prompt_style,
+            max_turns=None,  # the turn cap counts verifier turns, handled here; the base counts agent actions
             tasks=tasks,
             invalid_action_penalty=invalid_action_penalty,
-            max_turns=None,  # the turn cap counts verifier turns, handled here; the base counts agent actions
             render_mode=render_mode,
         )
-        self.retriever = retriever
-        self.topk = topk
         self.turn_limit = max_turns
         self.first_turn = first_turn
         self.last_turn = last_turn

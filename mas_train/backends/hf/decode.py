@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache
 
 from mas_train.backends.hf.kernels import (
     PACKS,
@@ -251,7 +252,7 @@ class FusedDecoder:
     rows leave the batch (after ``cache.batch_select_indices``).
     """
 
-    def __init__(self, lm: torch.nn.Module, cache: Any, packed: bool) -> None:
+    def __init__(self, lm: torch.nn.Module, cache: DynamicCache, packed: bool) -> None:
         core = lm.model
         self.embed = core.embed_tokens.weight
         self.rotary = core.rotary_emb
@@ -290,7 +291,7 @@ class FusedDecoder:
 
     @classmethod
     def build(
-        cls, model: torch.nn.Module, cache: Any, adapters: list[str] | None, packed: bool
+        cls, model: torch.nn.Module, cache: DynamicCache, adapters: list[str] | None, packed: bool
     ) -> FusedDecoder | None:
         """The step for ``model`` over ``cache``, or ``None`` when it cannot compute it exactly (see
         :func:`supports_fused_decode`; a module with forward hooks or a replaced ``forward``; a cache that is

@@ -40,12 +40,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = [
     "MIN_PACKED_NUMEL",
@@ -327,7 +330,9 @@ def fused_rms_norms(model: torch.nn.Module) -> Iterator[None]:
             m.__dict__.pop("forward", None)
 
 
-def rms_norm(x: torch.Tensor, *, weight: torch.Tensor, eps: float, original: Any) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, *, weight: torch.Tensor, eps: float, original: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
         return original(x)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -387,7 +392,7 @@ class PreallocatedLayer(DynamicLayer):
         raise NotImplementedError("a preallocated decode cache is not repeated")
 
 
-def preallocated_cache(config: Any, reserve: int) -> Any | None:
+def preallocated_cache(config: PretrainedConfig, reserve: int) -> DynamicCache | None:
     """A ``DynamicCache`` for ``config`` whose full-attention layers are preallocated with ``reserve`` free
     positions (the tokens still to decode), or ``None`` when the model's cache has other layer types (sliding
     windows, linear attention): the caller then lets the model build its own cache."""

@@ -47,7 +47,7 @@ holds the factory from typed options (:class:`~mas_train.backends.options.SGLang
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mas_train.backends.options import SGLangEngineOptions, SGLangHTTPOptions
 from mas_train.backends.sglang.engine import SGLangEngineBackend
@@ -60,6 +60,11 @@ from mas_train.backends.sglang.wire import (
     write_peft_adapter,
 )
 from mas_train.backends.weight_sync import load_initial_adapter as _load_initial_adapter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from mas_train.config import ResolvedModelGroup
 
 __all__ = [
     "SGLANG_BACKEND_KWARGS",
@@ -84,9 +89,9 @@ SGLANG_BACKEND_KWARGS: dict[str, str] = {
 
 def make_from_options(
     options: SGLangEngineOptions | SGLangHTTPOptions,
-    model: Any = None,
-    tokenizer: Any = None,
-    group: Any = None,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    group: ResolvedModelGroup | None = None,
 ) -> SGLangEngineBackend | SGLangHTTPBackend:
     """The registry factory of both SGLang kinds (see :func:`mas_train.backends.make_backend`).
 
@@ -140,7 +145,7 @@ def make_from_options(
             **lora_kw,
         )
         return _load_initial_adapter(backend, model)
-    common = {
+    common: dict[str, Any] = {  # the keyword arguments both SGLang HTTP constructors take
         "tokenizer": tokenizer,
         "timeout": options.timeout,
         "connect_retries": options.connect_retries,
@@ -197,7 +202,11 @@ def _server_flags(args: dict[str, Any]) -> list[str]:
     return flags
 
 
-def make_sglang_backend(group: Any, model: Any = None, tokenizer: Any = None) -> Any:
+def make_sglang_backend(
+    group: ResolvedModelGroup,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> SGLangEngineBackend | SGLangHTTPBackend:
     """Build the SGLang backend a model group asks for: ``group.backend`` (``sglang_engine`` or
     ``sglang_http``) with ``group.backend_options`` (an options object or a mapping).
 
@@ -217,4 +226,7 @@ def make_sglang_backend(group: Any, model: Any = None, tokenizer: Any = None) ->
         options = build_options(kind, options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"model_groups.{name}.backend_options: {err}") from None
-    return make_from_options(options, model, tokenizer, group)
+    # build_options gave the kind's class: SGLangEngineOptions or SGLangHTTPOptions
+    return make_from_options(
+        cast("SGLangEngineOptions | SGLangHTTPOptions", options), model, tokenizer, group
+    )

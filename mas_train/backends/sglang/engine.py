@@ -25,6 +25,7 @@ from mas_train.backends.weight_sync import LoRAAdapterSync
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["SGLangEngineBackend"]
 
@@ -68,7 +69,7 @@ class SGLangEngineBackend(LoRAAdapterSync):
         self,
         model_path: str | os.PathLike | None = None,
         *,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         engine: Any = None,
         mem_fraction_static: float | None = None,
         tp_size: int = 1,

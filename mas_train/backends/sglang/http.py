@@ -25,6 +25,7 @@ from mas_train.backends.weight_sync import LoRAAdapterSync
 if TYPE_CHECKING:
     import httpx
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 __all__ = ["SGLangHTTPBackend"]
@@ -66,7 +67,7 @@ class SGLangHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         self,
         url: str = "http://127.0.0.1:30000",
         *,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         client: httpx.Client | None = None,
         timeout: float = 300.0,
         connect_retries: int = 5,

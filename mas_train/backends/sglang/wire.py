@@ -17,6 +17,7 @@ from mas_train.backends.weight_sync import write_hf_checkpoint, write_peft_adapt
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def parse_sglang_output(
     sampling: SamplingParams,
     *,
     weight_version: int,
-    tokenizer: Any = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> GenerationOutput:
     """Turn one SGLang ``/generate`` answer into a :class:`GenerationOutput`.
 
@@ -163,7 +164,7 @@ def parse_sglang_output(
     )
 
 
-def result_ok(result: Any) -> tuple[bool, str]:
+def result_ok(result: object) -> tuple[bool, str]:
     """Normalise SGLang's many success conventions: ``(success, message[, n])``, ``{"success": ...}``, an
     output object with ``.success``, a bool, or ``None`` (older calls that return nothing on success)."""
     if result is None:
@@ -181,7 +182,7 @@ def result_ok(result: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def check_result(result: Any, what: str) -> None:
+def check_result(result: object, what: str) -> None:
     ok, message = result_ok(result)
     if not ok:
         raise RuntimeError(f"SGLang {what} failed: {message or repr(result)}")

@@ -30,7 +30,7 @@ the factory from typed options (:class:`~mas_train.backends.options.VLLMHTTPOpti
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mas_train.backends.options import VLLMHTTPOptions
 from mas_train.backends.vllm.http import VLLMHTTPBackend
@@ -42,6 +42,11 @@ from mas_train.backends.vllm.wire import (
     to_vllm_request,
 )
 from mas_train.backends.weight_sync import load_initial_adapter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from mas_train.config import ResolvedModelGroup
 
 __all__ = [
     "VLLM_LORA_RANKS",
@@ -71,7 +76,10 @@ def _lora_rank(r: int, max_lora_rank: int | None, group: str) -> int:
 
 
 def make_from_options(
-    options: VLLMHTTPOptions, model: Any = None, tokenizer: Any = None, group: Any = None
+    options: VLLMHTTPOptions,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    group: ResolvedModelGroup | None = None,
 ) -> VLLMHTTPBackend:
     """The registry factory of ``vllm_http`` (see :func:`mas_train.backends.make_backend`).
 

@@ -27,6 +27,7 @@ from mas_train.backends.weight_sync import LoRAAdapterSync, write_hf_checkpoint
 if TYPE_CHECKING:
     import httpx
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["VLLMHTTPBackend"]
 
@@ -65,7 +66,7 @@ class VLLMHTTPBackend(LoRAAdapterSync, HTTPServerClient):
         self,
         url: str,
         *,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         client: httpx.Client | None = None,
         timeout: float = 300.0,
         connect_retries: int = 5,

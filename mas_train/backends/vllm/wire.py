@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from mas_train.backends.base import FinishReason, GenerationOutput, SamplingParams
 from mas_train.backends.checks import earliest_stop
@@ -79,7 +82,11 @@ def to_vllm_request(sampling: SamplingParams) -> dict[str, Any]:
 
 
 def parse_vllm_choice(
-    choice: Mapping[str, Any], sampling: SamplingParams, *, weight_version: int, tokenizer: Any = None
+    choice: Mapping[str, Any],
+    sampling: SamplingParams,
+    *,
+    weight_version: int,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> GenerationOutput:
     """One ``/v1/completions`` choice as a :class:`GenerationOutput`.
 
