@@ -23,9 +23,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+
+    from mas_train.samples import Sample
+
 
 __all__ = [
     "MIN_SHARED_PREFIX",
@@ -53,7 +59,7 @@ def common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
-def agent_prefix_lengths(samples: Sequence[Any]) -> dict[str, int]:
+def agent_prefix_lengths(samples: Sequence[Sample]) -> dict[str, int]:
     """``{agent: n}`` for each agent whose samples' prompts (``.prompt_ids``) share their first
     ``n >= MIN_SHARED_PREFIX`` tokens (:func:`common_prefix_len`)."""
     out = {}
@@ -65,7 +71,7 @@ def agent_prefix_lengths(samples: Sequence[Any]) -> dict[str, int]:
 
 
 def build_prefixes(
-    model: Any, samples: Sequence[Any], lengths: dict[str, int], device: torch.device | str
+    model: torch.nn.Module, samples: Sequence[Sample], lengths: dict[str, int], device: torch.device | str
 ) -> dict[str, SharedPrefix] | None:
     """One :class:`SharedPrefix` per agent of ``lengths`` (its first ``n`` prompt tokens), run forward now; None
     when the model's cache cannot be broadcast over a batch."""
@@ -79,7 +85,7 @@ def build_prefixes(
     return out
 
 
-def cache_keyword(model: Any) -> str:
+def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword a causal LM's forward takes its KV cache by: ``cache`` from transformers 5.24 (the old name
     deprecated), ``past_key_values`` before. Read from the base model class's signature, since a PEFT wrapper's
     forward (or TRL's fused-LM-head patch) is ``(*args, **kwargs)`` and hides it."""
@@ -101,7 +107,7 @@ class SharedPrefix:
             broadcasting it over a batch would not be exact; the caller falls back to the plain forward.
     """
 
-    def __init__(self, model: Any, prefix_ids: Sequence[int], device: torch.device | str) -> None:
+    def __init__(self, model: torch.nn.Module, prefix_ids: Sequence[int], device: torch.device | str) -> None:
         from transformers.cache_utils import DynamicLayer
 
         ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
@@ -121,7 +127,7 @@ class SharedPrefix:
         # back to the states' dtype (a no-op in fp32)
         self._leaves = [t.detach().float().requires_grad_(t.requires_grad) for t in self._states]
 
-    def cache(self, batch_size: int) -> Any:
+    def cache(self, batch_size: int) -> DynamicCache:
         """A fresh ``DynamicCache`` holding the prefix states broadcast to ``batch_size`` rows (no copy)."""
         from transformers import DynamicCache
 
@@ -148,7 +154,7 @@ class SharedPrefix:
 
 
 def prefix_logps(
-    model: Any,
+    model: torch.nn.Module,
     prefix: SharedPrefix,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,

@@ -34,7 +34,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -44,6 +44,10 @@ from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from mas_train.checkpoint import remove_if_empty
 from mas_train.grpo import loss as L
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 __all__ = [
     "TRLGRPO",
@@ -57,7 +61,7 @@ __all__ = [
 
 
 def no_reward(
-    prompts: list[Any] | None = None, completions: list[Any] | None = None, **kwargs: Any
+    prompts: list[object] | None = None, completions: list[object] | None = None, **kwargs: object
 ) -> list[float]:  # pragma: no cover - never called
     """A reward function GRPOTrainer requires and never calls here (workaround 2); returns zeros."""
     return [0.0] * len(completions or [])
@@ -194,7 +198,14 @@ class TRLGRPO(GRPOTrainer):  # type: ignore[misc,unused-ignore]  # trl is untype
         ValueError: a ``loss_type`` not in :data:`mas_train.grpo.loss.LOSS_TYPES`.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, args: GRPOConfig, *, ref_model: Any = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        args: GRPOConfig,
+        *,
+        ref_model: torch.nn.Module | None = None,
+    ) -> None:
         from accelerate.utils import is_peft_model
 
         if args.loss_type not in L.LOSS_TYPES:
@@ -220,6 +231,7 @@ class TRLGRPO(GRPOTrainer):  # type: ignore[misc,unused-ignore]  # trl is untype
         args.beta = beta
         self.beta = beta
         if beta != 0.0 and not self.ref_is_base:
+            assert ref_model is not None  # a copy of the policy was made above
             ref_model.eval().requires_grad_(False)
             ref_model.to(self.accelerator.device)
             disable_dropout_in_model(ref_model)

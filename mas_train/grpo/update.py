@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,6 +51,10 @@ from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_pref
 from mas_train.grpo.trl_adapter import TRLGRPO, TokenLogps, grpo_args
 from mas_train.precision import resolve_precision, tis_rule
 from mas_train.samples import Sample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 __all__ = ["GroupGRPOTrainer", "MicroBatch", "ShardPlan", "build_group_trainer", "grpo_args"]
 
@@ -90,8 +94,8 @@ class GroupGRPOTrainer(TRLGRPO):
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
         args: GRPOConfig,
         *,
         micro_batch_size: int,
@@ -414,7 +418,13 @@ class GroupGRPOTrainer(TRLGRPO):
 
 
 def build_group_trainer(
-    resolved: ResolvedConfig, group: str, model: Any, tok: Any, device: str, *, shard: ShardPlan | None = None
+    resolved: ResolvedConfig,
+    group: str,
+    model: torch.nn.Module,
+    tok: PreTrainedTokenizerBase,
+    device: str,
+    *,
+    shard: ShardPlan | None = None,
 ) -> GroupGRPOTrainer:
     """The :class:`~mas_train.grpo.update.GroupGRPOTrainer` of model group ``group`` on ``model`` (trained in place):
     the group's GRPO settings, the sampling temperature of its agents, ``max_completion_length`` from their
