@@ -90,6 +90,7 @@ class _Episode:
         self.success = False
         self.metrics: dict[str, float] = {}
         self.role_rewards: dict[int, float] = {}
+        self.agent_rewards: dict[str, float] = {}  # each agent's outcome reward (R for all in a team env)
 
     def step(self, agent: str, action: str, turn: _Turn | None, messages: Any = None, at: int = 0) -> None:
         """Apply ``agent``'s action; record ``turn`` (``None`` for a skipped turn) and what was said (the
@@ -112,6 +113,9 @@ class _Episode:
             self.metrics = {str(k): float(v) for k, v in end_info.get("episode_metrics", {}).items()}
             self.transcript = list(text_env(env).transcript)
             self.role_rewards = {int(k): float(v) for k, v in end_info.get("role_rewards", {}).items()}
+            # A game's seats each get their own return (``per_agent_rewards``; the team reward is their mean,
+            # 0 in a zero-sum game): every turn is scored with its own agent's outcome reward.
+            self.agent_rewards = {str(k): float(v) for k, v in end_info.get("agent_rewards", {}).items()}
             while env.agents:
                 env.step(None)  # PettingZoo dead steps
             self.live = False
@@ -140,7 +144,7 @@ class _Episode:
             completion_ids=list(out.completion_ids),
             sampling_logprobs=list(out.logprobs),
             invalid=t.invalid,
-            team_reward=self.team_reward,
+            team_reward=self.agent_rewards.get(t.agent, self.team_reward),
             success=self.success,
             weight_version=int(out.weight_version),
             finish_reason=str(out.finish_reason),

@@ -25,7 +25,9 @@ class Sample:
         completion_ids: generated token ids, ``list[int]`` of length T (EOS kept when generated).
         sampling_logprobs: sampling logprob of each completion token, ``list[float]`` of length T.
         invalid: whether the env judged the action malformed (``infos[agent]["invalid_action"]``).
-        team_reward: the episode's team reward R (no penalties), broadcast to every turn of the trajectory.
+        team_reward: the outcome reward R of the turn's agent (no penalties): the episode's team reward,
+            broadcast to every turn of the trajectory, in a cooperative env; the agent's own return
+            (``infos[agent]["agent_rewards"]``) in an env with ``per_agent_rewards``, such as a zero-sum game.
         success: whether the episode solved its task.
         weight_version: the backend weight version that produced the completion.
         finish_reason: ``"stop"`` or ``"length"``.

@@ -15,6 +15,6 @@ if ! command -v chromium >/dev/null; then
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq chromium >/dev/null
 fi
-"$VENV/bin/pip" install -q -e ".[browser]"
+"$VENV/bin/pip" install -q -c constraints/cpu.txt -e ".[browser]"
 chromium --version
 "$VENV/bin/python" -c "import importlib.metadata as m; print('playwright', m.version('playwright'))"

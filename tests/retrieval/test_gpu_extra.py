@@ -19,7 +19,7 @@ def _extras() -> dict[str, dict[str, Requirement]]:
 def test_gpu_extra_has_faiss_gpu_and_the_rest_of_search_but_not_faiss_cpu():
     extras = _extras()
     gpu, search = extras["gpu"], extras["search"]
-    assert "sglang" in gpu and str(gpu["faiss-gpu"].specifier) == "==1.15.1"
+    assert "sglang" in gpu and gpu["faiss-gpu"].specifier.contains("1.15.1")
     assert "faiss-cpu" not in gpu  # same faiss/ module files: never both in one environment
     # the same faiss version on CPU and GPU, and everything else `search` needs
     assert str(search["faiss-cpu"].specifier) == str(gpu["faiss-gpu"].specifier)

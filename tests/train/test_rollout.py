@@ -242,3 +242,26 @@ def test_env_metrics_reach_trajectories_and_step_metrics(tok):
     m = rollout_metrics(batch, 0.1)
     assert m["env/answer_len"] == pytest.approx(sum(lens) / 4)
     assert m.get("env/solved_bonus") == (1.0 if solved else None)
+
+
+def test_each_seat_of_a_zero_sum_game_is_scored_with_its_own_return(tok):
+    """kuhn-poker declares per_agent_rewards: its team reward is the seats' mean (0), so a collector that scored
+    every turn with it would train on nothing. Deal K to player_0, J to player_1; both always bet / call:
+    player_0 bets, player_1 calls, K wins the pot of 4: +2 for player_0, -2 for player_1."""
+    import mas_envs
+
+    def always_aggressive(text, sp):
+        return "<move>call</move>" if "call" in text.split("Legal moves")[-1] else "<move>bet</move>"
+
+    gen = ScriptGenerator(tok, always_aggressive)
+    col = RolloutCollector(
+        lambda **kw: mas_envs.make("kuhn-poker", **kw),
+        generators={"g": gen},
+        tokenizers={"g": tok},
+        agent_groups={"player_0": "g", "player_1": "g"},
+        sampling={a: SamplingParams(max_new_tokens=8) for a in ("player_0", "player_1")},
+    )
+    batch = col.collect([{"id": "KJ", "question": "deal", "cards": ["K", "J"], "data_source": "kuhn"}], 2)
+    assert {(s.agent, s.team_reward) for s in batch.samples} == {("player_0", 2.0), ("player_1", -2.0)}
+    assert all(not s.invalid for s in batch.samples)
+    assert [t.team_reward for t in batch.trajectories] == [0.0, 0.0]
