@@ -47,7 +47,8 @@ def test_ci_constraints_pin_every_dependency_inside_its_range():
     pins = _constraints()
     for req in _requirements():
         name = canonicalize_name(req.name)
-        if name in ("sglang", "faiss-gpu"):  # the GPU extra is resolved by scripts/check_resolve.py, not installed
+        # the GPU extra is resolved by scripts/check_resolve.py, not installed here
+        if name in ("sglang", "faiss-gpu"):
             continue
         assert name in pins, f"{req.name} is not pinned in constraints/cpu.txt"
         assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {req}"
