@@ -190,12 +190,32 @@ def trainable_count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-class RemotePolicy:
+class _GeneratesOnly:
+    """What every policy that never trains shares: no update (calling it is a bug, named in the error), no
+    weights to push to a backend, nothing of its own to save."""
+
+    group: str
+    why_no_update = "is frozen (trainable: false)"
+
+    def update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
+    ) -> dict[str, float]:
+        raise RuntimeError(f"model group {self.group!r} {self.why_no_update}; it has no update")
+
+    def parameters_for_sync(self) -> Tensors | None:
+        return None
+
+    def save(self, folder: Path) -> GroupState:
+        return {}
+
+
+class RemotePolicy(_GeneratesOnly):
     """An endpoint generates (``backend_kind(...).can_train`` is false): the group keeps only its tokenizer
     (prompt ids and lengths); no weights, nothing to update, save or load."""
 
     trains = False
     num_parameters = 0
+    why_no_update = "is served by an endpoint"
     generation_model: torch.nn.Module | None = None
     adapter: str | None = None
     shared_base: PeftModel | None = None
@@ -206,17 +226,6 @@ class RemotePolicy:
     def activate(self, *, training: bool) -> None:
         pass
 
-    def update(
-        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
-    ) -> dict[str, float]:
-        raise RuntimeError(f"model group {self.group!r} is served by an endpoint; it has no update")
-
-    def parameters_for_sync(self) -> Tensors | None:
-        return None
-
-    def save(self, folder: Path) -> GroupState:
-        return {}
-
     def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         return None
 
@@ -224,7 +233,7 @@ class RemotePolicy:
         pass
 
 
-class FrozenPolicy:
+class FrozenPolicy(_GeneratesOnly):
     """A local model that is never trained in this process: a ``trainable: false`` group (it acts and is logged;
     its weights are its ``model`` setting's, so it saves nothing), or any group under ``mas-eval``, which loads a
     checkpoint's full weights when the checkpoint holds them."""
@@ -243,17 +252,6 @@ class FrozenPolicy:
 
     def activate(self, *, training: bool) -> None:
         pass
-
-    def update(
-        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
-    ) -> dict[str, float]:
-        raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
-
-    def parameters_for_sync(self) -> Tensors | None:
-        return None
-
-    def save(self, folder: Path) -> GroupState:
-        return {}
 
     def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
@@ -386,7 +384,7 @@ class LoraPolicy:
         pass
 
 
-class FrozenLoraPolicy:
+class FrozenLoraPolicy(_GeneratesOnly):
     """A LoRA adapter that only generates: a frozen agent under ``shared_lora`` (its adapter stays as
     initialised, saves nothing), or any LoRA group under ``mas-eval``, which loads a checkpoint's adapter."""
 
@@ -404,17 +402,6 @@ class FrozenLoraPolicy:
 
     def activate(self, *, training: bool) -> None:
         lora.activate(self.shared_base, self.group, trainable=False)
-
-    def update(
-        self, samples: Sequence[Sample], advantages: Sequence[float], *, agent_grad_norms: bool
-    ) -> dict[str, float]:
-        raise RuntimeError(f"model group {self.group!r} is frozen (trainable: false); it has no update")
-
-    def parameters_for_sync(self) -> Tensors | None:
-        return None
-
-    def save(self, folder: Path) -> GroupState:
-        return {}
 
     def load(self, folder: Path, state: GroupState, *, optimizer: bool) -> Tensors | None:
         if not state.get("trainable", True):
