@@ -93,7 +93,7 @@ def main() -> None:
     )
     # on-policy sampling logprobs, so the IS correction keeps every sequence (as with a real backend)
     inputs = ours.build_inputs(samples, adv)
-    true = ours.trl_logps(ours.model, inputs)
+    true = ours.completion_logps(ours.model, inputs)
     samples = [
         Sample(**{**s.__dict__, "sampling_logprobs": true[i, : len(s.completion_ids)].tolist()})
         for i, s in enumerate(samples)

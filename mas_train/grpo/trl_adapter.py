@@ -46,6 +46,7 @@ from mas_train.checkpoint import remove_if_empty
 from mas_train.grpo import loss as L
 
 if TYPE_CHECKING:
+    from peft import PeftModel
     from transformers import PreTrainedTokenizerBase
 
 
@@ -120,13 +121,13 @@ def grpo_args(
     return GRPOConfig(**kwargs)
 
 
-def fused_forward(peft_model: Any) -> Callable[..., Any] | None:
+def fused_forward(peft_model: PeftModel) -> Callable[..., object] | None:
     """The fused-LM-head ``forward`` TRL installed on ``peft_model``'s base model (workaround 4), or ``None``."""
-    forward: Callable[..., Any] | None = peft_model.get_base_model().__dict__.get("forward")
+    forward: Callable[..., object] | None = peft_model.get_base_model().__dict__.get("forward")
     return forward
 
 
-def restore_fused_forward(peft_model: Any, forward: Callable[..., Any] | None) -> None:
+def restore_fused_forward(peft_model: PeftModel, forward: Callable[..., object] | None) -> None:
     """Put a group's own fused-LM-head ``forward`` (from :func:`fused_forward`) back on the shared base model."""
     if forward is not None:
         peft_model.get_base_model().forward = forward

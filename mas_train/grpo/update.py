@@ -45,18 +45,16 @@ import numpy as np
 import torch
 from trl import GRPOConfig
 
-from mas_train.config import ResolvedConfig
 from mas_train.grpo.importance import SamplerCheck
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, TokenLogps, grpo_args
-from mas_train.precision import resolve_precision, tis_rule
 from mas_train.samples import Sample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-__all__ = ["GroupGRPOTrainer", "MicroBatch", "ShardPlan", "build_group_trainer", "grpo_args"]
+__all__ = ["GroupGRPOTrainer", "MicroBatch", "ShardPlan", "grpo_args"]
 
 #: one micro-batch of an update: its agent (``None`` when micro-batches are not split by agent) and the indices of
 #: its samples
@@ -99,7 +97,7 @@ class GroupGRPOTrainer(TRLGRPO):
         args: GRPOConfig,
         *,
         micro_batch_size: int,
-        ref_model: Any = None,
+        ref_model: torch.nn.Module | None = None,
         share_prefix: bool = True,
         shard: ShardPlan | None = None,
     ) -> None:
@@ -415,47 +413,3 @@ class GroupGRPOTrainer(TRLGRPO):
         for p in params:
             p.grad = None
         return acc
-
-
-def build_group_trainer(
-    resolved: ResolvedConfig,
-    group: str,
-    model: torch.nn.Module,
-    tok: PreTrainedTokenizerBase,
-    device: str,
-    *,
-    shard: ShardPlan | None = None,
-) -> GroupGRPOTrainer:
-    """The :class:`~mas_train.grpo.update.GroupGRPOTrainer` of model group ``group`` on ``model`` (trained in place):
-    the group's GRPO settings, the sampling temperature of its agents, ``max_completion_length`` from their
-    ``max_new_tokens``. Used by the group's worker and by each rank of a sharded group."""
-    cfg = resolved.config
-    g = resolved.model_groups[group]
-    agents = tuple(g.agents)
-    samplings = [resolved.agents[a].sampling for a in agents]
-    temps = {s.temperature for s in samplings}
-    if len(temps) > 1:
-        logger.warning(
-            "agents %s of model group %r sample at different temperatures %s; the trainer scores completions "
-            "at %s and the importance-sampling ratio absorbs the rest",
-            agents,
-            group,
-            sorted(temps),
-            samplings[0].temperature,
-        )
-    # log_softmax(logits / T) is the sampled distribution; greedy (T=0) reports temperature-1 logprobs.
-    temperature = samplings[0].temperature or 1.0
-    kwargs = g.grpo_config_kwargs()
-    kwargs.setdefault("max_completion_length", max(s.max_new_tokens for s in samplings))
-    precision = resolve_precision(g.dtype, device, lora=g.lora is not None)
-    kwargs["vllm_importance_sampling_correction"] = tis_rule(g, precision)[0]
-    args = grpo_args(
-        str(resolved.run_dir / "trl" / group),
-        max_steps=cfg.max_steps,
-        seed=cfg.seed,
-        use_cpu=not device.startswith("cuda"),
-        bf16=precision.autocast,
-        temperature=temperature,
-        **kwargs,
-    )
-    return GroupGRPOTrainer(model, tok, args, micro_batch_size=g.micro_batch_size, shard=shard)

@@ -140,7 +140,8 @@ class Rank:
         from torch.distributed.device_mesh import init_device_mesh
         from transformers.utils import logging as hf_logging
 
-        from mas_train.grpo.update import ShardPlan, build_group_trainer
+        from mas_train.grpo.build import build_group_trainer
+        from mas_train.grpo.update import ShardPlan
         from mas_train.models import (
             load_model_and_tokenizer,
             resolve_device,

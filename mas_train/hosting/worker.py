@@ -23,7 +23,7 @@ from mas_train import lora
 from mas_train.backends import backend_kind, make_backend
 from mas_train.backends.base import ChatBackend, GenerationOutput, SamplingParams, UsageReporter
 from mas_train.backends.hf import HFBackend
-from mas_train.grpo.update import build_group_trainer
+from mas_train.grpo.build import build_group_trainer
 from mas_train.hosting.policy import (
     FrozenLoraPolicy,
     FrozenPolicy,

@@ -105,7 +105,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from mas_train.config import TrainConfig  # noqa: E402
-from mas_train.grpo.update import build_group_trainer  # noqa: E402
+from mas_train.grpo.build import build_group_trainer  # noqa: E402
 from mas_train.models import load_model_and_tokenizer  # noqa: E402
 from mas_train.rollout import Sample  # noqa: E402
 

@@ -12,6 +12,7 @@ pytest.importorskip("trl")
 from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 
 import mas_train.trainer as trainer_mod  # noqa: E402
+from mas_train.assemble import assemble_trainer  # noqa: E402
 from mas_train.lemma_stats import lemma_metrics, success_logp  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def test_a_step_logs_noise_share_and_lld_and_uses_advantage_stats(tmp_path, tiny
             advantage_stats="reference",
         )
     )
-    tr = trainer_mod.MultiGroupTrainer(
+    tr = assemble_trainer(
         cfg.resolve(["solver", "verifier"]), env_factory=make_parity_env, train_tasks=PARITY_TASKS
     )
     captured = {}
