@@ -17,7 +17,7 @@ Limits (:class:`Limits`, all per request; ``mas-index serve --help`` sets them):
   read, or as soon as a streamed body passes the limit (so a 200 MB body never reaches memory);
 * fields, strictly typed (**422**): ``queries`` a list of strings or ``query`` a string (exactly one),
   ``topk`` an integer (not ``"3"``, not ``true``), ``return_scores`` a boolean; every query non-empty after
-  stripping, valid Unicode (a lone surrogate such as ``"\ud800"`` is refused), at most ``max_query_chars``;
+  stripping, valid Unicode (a lone surrogate such as ``"\\ud800"`` is refused), at most ``max_query_chars``;
   1 to ``max_queries`` queries; ``topk`` 1 to ``max_topk``;
 * the work: ``max_total_chars`` characters over all queries (**422**); encoding costs about linear time in it.
 
