@@ -45,9 +45,24 @@ class PettingZooGameEnv(TextGameEnv):
         """The text label of inner action `action`."""
         return self.move_labels[action]
 
+    def _inner_game(self) -> Any:
+        """`make_game()`, with one error line where PettingZoo's classic games cannot be imported.
+
+        Raises:
+            ImportError: PettingZoo's classic modules import pygame at the top, which only the `games` extra
+                installs.
+        """
+        try:
+            return self.make_game()
+        except ModuleNotFoundError as e:
+            raise ImportError(
+                f"{type(self).__name__} plays PettingZoo's classic games, which need {e.name!r}: "
+                "pip install 'mas-rl[games]'"
+            ) from e
+
     # --- TextGameEnv hooks ---------------------------------------------------------------------------------
     def new_game(self, task: dict[str, Any]) -> str:
-        self.game = self.make_game()
+        self.game = self._inner_game()
         self.game.reset()
         if list(self.game.possible_agents) != list(self.possible_agents):
             raise RuntimeError(
@@ -112,7 +127,7 @@ class PettingZooGameEnv(TextGameEnv):
         self.__dict__.update(state)
         if "history" in state:
             moves, returns = list(self.history), dict(self._returns)
-            self.game = self.make_game()
+            self.game = self._inner_game()
             self.game.reset()
             for action in moves:
                 self._step_inner(action)

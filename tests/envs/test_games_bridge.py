@@ -255,3 +255,23 @@ def test_transcript_notes_follow_the_illegal_move_they_explain():
         ),
     ]
     assert env.render().endswith("=== terminated: team reward -0.5, success False ===")
+
+
+def test_a_missing_pygame_is_one_error_line_naming_the_extra(monkeypatch):
+    import builtins
+
+    import mas_envs
+
+    real_import = builtins.__import__
+
+    def no_pygame(name, *args, **kwargs):
+        if name == "pygame" or name.startswith("pygame."):
+            raise ModuleNotFoundError("No module named 'pygame'", name="pygame")
+        return real_import(name, *args, **kwargs)
+
+    for mod in [m for m in sys.modules if m.startswith("pettingzoo.classic")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setattr(builtins, "__import__", no_pygame)
+    with pytest.raises(ImportError, match=r"need 'pygame': pip install 'mas-rl\[games\]'"):
+        env = mas_envs.make("tictactoe")
+        env.reset(seed=0)
