@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import logging
 import os
 import shutil
@@ -383,3 +384,12 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword a causal LM's forward takes its KV cache by: ``cache`` from transformers 5.24 (the old name
+    deprecated), ``past_key_values`` before. Read from the base model class's signature, since a PEFT wrapper's
+    forward (or TRL's fused-LM-head patch) is ``(*args, **kwargs)`` and hides it."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

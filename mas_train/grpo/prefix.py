@@ -21,11 +21,12 @@ padding]``; the attention mask is 0 on both paddings.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+
+from mas_train.models import cache_keyword
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -83,15 +84,6 @@ def build_prefixes(
         except ValueError:
             return None
     return out
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The keyword a causal LM's forward takes its KV cache by: ``cache`` from transformers 5.24 (the old name
-    deprecated), ``past_key_values`` before. Read from the base model class's signature, since a PEFT wrapper's
-    forward (or TRL's fused-LM-head patch) is ``(*args, **kwargs)`` and hides it."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(type(base).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 class SharedPrefix:

@@ -53,6 +53,7 @@ from mas_train.backends.base import GenerationOutput, SamplingParams
 from mas_train.backends.hf.decode import supports_fused_decode
 from mas_train.backends.hf.kernels import PackedLinears, fused_rms_norms, onednn_available
 from mas_train.backends.hf.loop import DecodeLoop
+from mas_train.models import cache_keyword
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -178,8 +179,7 @@ class HFBackend(DecodeLoop):
         # the instance) is (*args, **kwargs) and would hide them, so read the base model class's signature.
         base = self._model.get_base_model() if hasattr(self._model, "get_base_model") else self._model
         params = inspect.signature(type(base).forward).parameters
-        # transformers 5.x renamed past_key_values to cache (old name deprecated until 5.40)
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_keyword(self._model)
         self._keep_last_logits = "logits_to_keep" in params
         self._share_prefill = True  # turned off for good if the model's cache cannot select batch rows
         self._packed = (
