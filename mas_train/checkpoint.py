@@ -101,7 +101,7 @@ class TrainerState(TypedDict):
     states, the run name and the model groups (checked on resume)."""
 
     step: int
-    sampler: dict[str, int]
+    sampler: dict[str, object]  # TaskSampler.state_dict or TaskPool.state_dict
     rng: RngState
     run_name: str
     groups: list[str]

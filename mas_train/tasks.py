@@ -113,6 +113,11 @@ class TaskSampler:
             self._order = (epoch, perm)
         return self._order[1]
 
+    def index_at(self, position: int) -> int:
+        """The task index visited at ``position`` (0-based, counting across epochs) of the data order."""
+        epoch, pos = divmod(position, len(self.tasks))
+        return int(self._perm(epoch)[pos])
+
     def next(self, n: int) -> list[dict[str, object]]:
         """The next ``n`` tasks (crossing into the next epoch when needed)."""
         out = []

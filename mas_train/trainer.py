@@ -44,6 +44,7 @@ from mas_train.lemma_stats import lemma_metrics, lld_metrics
 from mas_train.metrics import rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
 from mas_train.scoring import turn_scores
+from mas_train.task_pool import TaskPool, collect_step
 from mas_train.tasks import TaskSampler
 
 if TYPE_CHECKING:
@@ -74,7 +75,12 @@ class MultiGroupTrainer:
         self.env_factory = parts.env_factory
         self.penalty = float(text_env(parts.probe).invalid_action_penalty)
         self._eval_tasks = parts.eval_tasks
-        self.sampler = TaskSampler(parts.train_tasks, seed=cfg.seed)
+        # the step's tasks: in data order, or by recent solve rate (mas_train.task_pool)
+        self.sampler: TaskSampler | TaskPool = (
+            TaskPool(parts.train_tasks, cfg.seed, cfg.task_pool)
+            if cfg.task_pool.enabled
+            else TaskSampler(parts.train_tasks, seed=cfg.seed)
+        )
         self.pool = parts.pool
         self.collector = parts.collector
         self.groups = list(resolved.model_groups)
@@ -113,16 +119,31 @@ class MultiGroupTrainer:
 
         cfg = self.cfg
         t_start = time.perf_counter()
-        tasks = self.sampler.next(cfg.tasks_per_step)
-        batch = self.collector.collect(tasks, cfg.num_generations, step=self.step, uid_prefix=f"{self.step}/")
+        weights = {a: ra.reward_weights for a, ra in self.resolved.agents.items()}
+        trainable = [
+            a
+            for a, ra in self.resolved.agents.items()
+            if self.resolved.model_groups[ra.model_group].trainable
+        ]
+        got = collect_step(
+            self.collector,
+            self.sampler,
+            tasks_per_step=cfg.tasks_per_step,
+            num_generations=cfg.num_generations,
+            step=self.step,
+            score=lambda smp: turn_scores(smp, self.penalty, weights),
+            trainable_agents=trainable,
+            dynamic=cfg.dynamic_sampling,
+        )
+        batch, tasks = got.batch, got.rows
         t_rollout = time.perf_counter() - t_start
 
         t0 = time.perf_counter()
         samples = batch.samples
-        metrics = rollout_metrics(batch, self.penalty)
+        metrics = rollout_metrics(got.generated, self.penalty)
+        metrics.update(got.metrics)
         adv = np.zeros(0)
         if samples:
-            weights = {a: ra.reward_weights for a, ra in self.resolved.agents.items()}
             columns = (
                 turn_scores(samples, self.penalty, weights),
                 [s.task_uid for s in samples],
@@ -214,7 +235,7 @@ class MultiGroupTrainer:
 
         return {
             "step": self.step,
-            "sampler": self.sampler.state_dict(),
+            "sampler": dict(self.sampler.state_dict()),
             "rng": rng_state(),
             "run_name": self.resolved.run_name,
             "groups": self.groups,
@@ -246,7 +267,12 @@ class MultiGroupTrainer:
             )
         for g in self.groups:
             self.pool.worker(g).load(str(ckpt / "groups" / g))
-        self.sampler.load_state_dict(state["sampler"])
+        if isinstance(self.sampler, TaskPool) != ("order" in state["sampler"]):
+            raise ValueError(
+                f"checkpoint {ckpt} was saved with task_pool.enabled {not isinstance(self.sampler, TaskPool)}; "
+                "resume with the same task_pool setting"
+            )
+        self.sampler.load_state_dict(state["sampler"])  # type: ignore[arg-type]
         set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.last_checkpoint = ckpt

@@ -26,11 +26,14 @@ from mas_train.config.grpo import check_grpo
 
 __all__ = [
     "AgentConfig",
+    "DynamicSamplingConfig",
     "EvalSamplingConfig",
     "LoraConfig",
     "ModelGroupConfig",
+    "PoolBand",
     "RewardWeights",
     "SamplingConfig",
+    "TaskPoolConfig",
 ]
 
 
@@ -273,3 +276,86 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         check_optim(f"agents.{self.name or '<agent>'}", self)
+
+
+@dataclass
+class PoolBand:
+    """A named pool of the task pool: the seen tasks whose recent solve rate lies in ``[min, max]`` (inclusive),
+    drawn with relative ``weight`` (prime-rl's difficulty pools)."""
+
+    min: float = _help("Lowest solve rate in the pool (inclusive).", default=0.0)
+    max: float = _help("Highest solve rate in the pool (inclusive).", default=1.0)
+    weight: float = _help("Relative weight of drawing from this pool (0 = never).", default=1.0)
+
+    def __post_init__(self) -> None:
+        for name in ("min", "max", "weight"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"task_pool.pools: {name} must be a finite number, got {v!r}")
+            setattr(self, name, float(v))
+        if not 0.0 <= self.min <= self.max <= 1.0 or self.weight < 0:
+            raise ConfigError(
+                f"task_pool.pools: need 0 <= min <= max <= 1 and weight >= 0, got min {self.min}, max {self.max}, "
+                f"weight {self.weight}"
+            )
+
+
+def _default_pools() -> dict[str, PoolBand]:
+    return {
+        "easy": PoolBand(1.0, 1.0, 0.1),
+        "hard": PoolBand(0.0, 0.0, 0.1),
+        "normal": PoolBand(0.0, 1.0, 1.0),
+    }
+
+
+@dataclass
+class TaskPoolConfig:
+    """Draw training tasks by their recent solve rate (:mod:`mas_train.task_pool`); off: the data order of
+    :class:`~mas_train.tasks.TaskSampler`."""
+
+    enabled: bool = _help(
+        "Draw tasks from pools by recent solve rate instead of in data order.", default=False
+    )
+    ema: float = _help(
+        "Weight of a task's newest solve rate in its moving average: rate += ema * (new - rate); 1 = latest only.",
+        default=0.5,
+    )
+    unseen_weight: float = _help(
+        "Relative weight of the pool of tasks never drawn yet (in data order).", default=1.0
+    )
+    pools: dict[str, PoolBand] = _help(
+        "Named pools of seen tasks (min, max, weight); a task is in the narrowest pool whose band holds its rate.",
+        default_factory=_default_pools,
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ema <= 1.0:
+            raise ConfigError(f"task_pool.ema must be in (0, 1], got {self.ema}")
+        if self.unseen_weight < 0:
+            raise ConfigError(f"task_pool.unseen_weight must be >= 0, got {self.unseen_weight}")
+        if self.enabled and self.unseen_weight == 0 and not any(b.weight > 0 for b in self.pools.values()):
+            raise ConfigError(
+                "task_pool: every pool has weight 0, so no task could be drawn; give one a weight > 0"
+            )
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling per (model group, agent) cell (:mod:`mas_train.task_pool`): a step keeps only
+    task groups in which some trainable agent's rewards differ, drawing more tasks until it has
+    ``tasks_per_step`` of them or ``max_rounds`` rollouts were made."""
+
+    enabled: bool = _help("Keep only task groups with a learning signal, refilling the step.", default=False)
+    oversample: float = _help("Tasks drawn per missing task group in each round (>= 1).", default=1.5)
+    max_rounds: int = _help("Rollouts per step at most; the step trains on what it has then.", default=3)
+    std_tol: float = _help(
+        "A cell whose per-trajectory rewards have a std <= std_tol * max(1, |mean|) counts as constant.",
+        default=1e-6,
+    )
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.oversample) or self.oversample < 1:
+            raise ConfigError(f"dynamic_sampling.oversample must be >= 1, got {self.oversample}")
+        check_min("dynamic_sampling.max_rounds", self.max_rounds, 1)
+        if not math.isfinite(self.std_tol) or self.std_tol < 0:
+            raise ConfigError(f"dynamic_sampling.std_tol must be a finite number >= 0, got {self.std_tol}")

@@ -34,10 +34,12 @@ from mas_train.config.omega import build, load_yaml
 from mas_train.config.resolve import ResolvedConfig, backend_options, resolve
 from mas_train.config.sections import (
     AgentConfig,
+    DynamicSamplingConfig,
     EvalSamplingConfig,
     LoraConfig,
     ModelGroupConfig,
     SamplingConfig,
+    TaskPoolConfig,
 )
 
 __all__ = ["TrainConfig", "laptop_layer"]
@@ -157,6 +159,13 @@ class TrainConfig:
     # --- algorithm ---
     num_generations: int = _help("G: trajectories sampled per task (the task group).", default=4)
     tasks_per_step: int = _help("Distinct tasks per training step.", default=1)
+    task_pool: TaskPoolConfig = _help(
+        "Tasks drawn by recent solve rate (enabled, ema, pools).", default_factory=TaskPoolConfig
+    )
+    dynamic_sampling: DynamicSamplingConfig = _help(
+        "Keep task groups with signal only (enabled, oversample, max_rounds, std_tol).",
+        default_factory=DynamicSamplingConfig,
+    )
     advantage_mode: str = _help(
         "drmas: per-agent mean and std (Dr. MAS eq. 5); grpo: global (eq. 2); agent_mean: (mu_k, sigma); "
         "agent_std: (mu, sigma_k).",

@@ -406,8 +406,22 @@ def test_help_lists_flags_with_help_text(capsys):
     # every top-level field is reachable as a flag
     flags = {s for a in build_parser()._actions for s in a.option_strings}
     for f in dataclasses.fields(TrainConfig):
-        if f.name not in ("agents", "model_groups", "sampling", "eval_sampling"):
+        if f.name not in (
+            "agents",
+            "model_groups",
+            "sampling",
+            "eval_sampling",
+            "task_pool",
+            "dynamic_sampling",
+        ):
             assert f"--{f.name}" in flags, f.name
+    # a section is reachable field by field
+    assert {
+        "--task_pool.enabled",
+        "--task_pool.ema",
+        "--dynamic_sampling.enabled",
+        "--dynamic_sampling.std_tol",
+    } <= flags
 
 
 # ------------------------------------------------------------------------------------ new fields and checks

@@ -24,9 +24,10 @@ from mas_train.config import TrainConfig  # noqa: E402
 from mas_train.tracking import RunLogger, read_jsonl  # noqa: E402
 
 
-def _trainer(tmp_path, model, run_name):
+def _trainer(tmp_path, model, run_name, **settings):
     cfg = TrainConfig.from_dict(
         dict(
+            **settings,
             env="parity",
             model=model,
             num_generations=2,
@@ -43,8 +44,12 @@ def _trainer(tmp_path, model, run_name):
     )
 
 
-def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path):
-    a = _trainer(tmp_path, tiny_qwen3_path, "a")
+POOLED = {"task_pool": {"enabled": True}, "dynamic_sampling": {"enabled": True, "max_rounds": 2}}
+
+
+@pytest.mark.parametrize("settings", [{}, POOLED], ids=["data-order", "task-pool+dynamic-sampling"])
+def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path, settings):
+    a = _trainer(tmp_path, tiny_qwen3_path, "a", **settings)
     try:
         a.train_step()
         ckpt = a.save_checkpoint()
@@ -53,7 +58,7 @@ def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path):
     finally:
         a.close()
     assert ckpt.name == "step-000001" and find_checkpoint(tmp_path / "a") == ckpt
-    b = _trainer(tmp_path, tiny_qwen3_path, "b")
+    b = _trainer(tmp_path, tiny_qwen3_path, "b", **settings)
     try:
         b.load_checkpoint(ckpt)
         assert b.step == 1
@@ -67,6 +72,14 @@ def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path):
         assert m2b[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-7), k
     for k, v in params_a.items():
         torch.testing.assert_close(params_b[k], v, rtol=1e-5, atol=1e-6)
+    if settings:  # the pool's solve rates and draws continued too, and a run without the pool refuses it
+        assert b.sampler.state_dict() == a.sampler.state_dict()
+        c = _trainer(tmp_path, tiny_qwen3_path, "c")
+        try:
+            with pytest.raises(ValueError, match="resume with the same task_pool setting"):
+                c.load_checkpoint(ckpt)
+        finally:
+            c.close()
 
 
 def test_checkpoint_folders_are_atomic(tmp_path):
