@@ -361,6 +361,7 @@ def collect_step(
     uids = {uid for uid, _ in kept}
     batch = generated if not on else _keep(generated, uids)
     metrics["sampling/groups_kept"] = float(len(kept))
+    metrics["sampling/episodes_generated"] = float(len(generated.trajectories))
     metrics["sampling/rounds"] = float(len(rounds))
     for agent, flags in zero_cells.items():
         metrics[f"sampling/zero_std_cells/{agent}"] = float(np.mean(flags))

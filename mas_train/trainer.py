@@ -161,6 +161,14 @@ class MultiGroupTrainer:
             )
             adv = res.advantages
             metrics.update(res.metrics(prefix="charts/advantage"))
+            # the update's work: prompt + completion tokens of the trainable turns that reach a loss (A != 0)
+            metrics["sampling/update_tokens"] = float(
+                sum(
+                    len(s.prompt_ids) + len(s.completion_ids)
+                    for s, a in zip(samples, adv, strict=True)
+                    if a != 0 and s.agent in trainable
+                )
+            )
             # Lemma 4.2's inflation factor and noise share of every agent, whatever advantage_mode trains
             # (docs/training.md), and the LLD probe: the likelihood of the turns that succeeded.
             metrics.update(lemma_metrics(*columns))

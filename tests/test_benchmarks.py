@@ -34,6 +34,7 @@ EXPECTED = {
         "decode_roof_frac_bf16",
     },
     "retrieval.py": {"search_speedup", "same_ids", "p50_ms", "req_s"},
+    "task_pool.py": {"ratio_update_tokens_per_step", "ratio_wall"},
 }
 # flags a script's tiny run adds, so its optional paths run too
 EXTRA_ARGS = {"step.py": ["--profile", "3"]}

@@ -244,6 +244,7 @@ def test_dynamic_sampling_refills_the_step_with_groups_that_have_signal():
     assert len(got.batch.trajectories) == 8 and len(got.generated.trajectories) == 16
     assert got.metrics["sampling/groups_generated"] == 4
     assert got.metrics["sampling/groups_kept"] == 2
+    assert got.metrics["sampling/episodes_generated"] == 16
     assert got.metrics["sampling/rounds"] == 2
     assert got.metrics["sampling/saturated_episodes"] == 8  # A and C, 4 episodes each
     assert got.metrics["sampling/zero_std_cells/solver"] == 0.5
