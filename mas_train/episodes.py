@@ -6,8 +6,9 @@ sample first, then that step's evaluation). ``mas-eval --output FILE`` writes th
 ``FILE``'s ``.episodes.jsonl`` twin. ``docs/training.md`` ("Episode records") has the table of fields; in short,
 one record is one episode: the task, the team reward and success, the env metrics, and its ``transcript``: every
 agent turn in order (agent, model group, prompt as indices into the record's ``messages`` table, the text the env
-received, invalid flag, token counts, finish reason, score ``s = R - c*invalid``, advantage, sampler logprob sum)
-with the env's own messages (tool results) between them.
+received, invalid flag, token counts, finish reason, score ``s = R - c*invalid``, advantage, sampler logprob sum,
+the weight version that generated it and the one its group's update trained at) with the env's own messages
+(tool results) between them.
 
 Which episodes (bounded, so a run's files grow by a fixed amount per step):
 
@@ -132,6 +133,7 @@ def episode_records(
     kind: str,
     step: int,
     advantages: Sequence[float] | None = None,
+    trained_at: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """The records of episodes ``indices`` of ``batch`` (a :class:`~mas_train.rollout.RolloutBatch`).
 
@@ -142,6 +144,8 @@ def episode_records(
         kind: ``"train"`` or ``"eval"``.
         step: the training step the episodes belong to (0 = before training).
         advantages: one per ``batch.samples`` entry (the trainer's); ``None`` (evaluation): ``null`` advantages.
+        trained_at: model group → the weight version its update trained at in this step (each turn's
+            ``trained_at_version``; ``null`` for a group not in it, and everywhere when ``None``: evaluation).
 
     Returns:
         JSON-able dicts, the fields of docs/training.md ("Episode records").
@@ -193,6 +197,7 @@ def episode_records(
                 "advantage": None,
                 "logprob_sum": None,
                 "weight_version": None,
+                "trained_at_version": None,
             }
             if not ev.skipped:
                 k = next(mine)
@@ -206,6 +211,7 @@ def episode_records(
                     advantage=None if advantages is None else _finite(advantages[k]),
                     logprob_sum=_finite(float(sum(s.sampling_logprobs))),
                     weight_version=s.weight_version,
+                    trained_at_version=None if trained_at is None else trained_at.get(s.model_group),
                 )
             transcript.append(row)
         out.append(
@@ -299,8 +305,11 @@ def episodes_markdown(records: Sequence[Mapping[str, Any]]) -> str:
             flags = (" **invalid**" if t["invalid"] else "") + (
                 " (skipped: prompt too long)" if t["skipped"] else ""
             )
+            ver = "" if t.get("weight_version") is None else f", weights v{t['weight_version']}"
+            if ver and t.get("trained_at_version") is not None:
+                ver += f" (trained at v{t['trained_at_version']})"
             parts.append(
-                f"**{t['speaker']}** (turn {t['turn']}){flags}: score {t['score']:g}, advantage {adv}\n\n"
+                f"**{t['speaker']}** (turn {t['turn']}){flags}: score {t['score']:g}, advantage {adv}{ver}\n\n"
                 f"{_block(t['text'])}"
             )
         parts.append("---")
@@ -361,13 +370,26 @@ class EpisodeLog:
         self.penalty, self.seed = float(penalty), int(seed)
         self.text_sink = text_sink
 
-    def train(self, step: int, batch: RolloutBatch, advantages: Sequence[float]) -> list[dict[str, Any]]:
-        """Write the sample of training step ``step`` (replacing the file of a redone step)."""
+    def train(
+        self,
+        step: int,
+        batch: RolloutBatch,
+        advantages: Sequence[float],
+        trained_at: Mapping[str, int] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Write the sample of training step ``step`` (replacing the file of a redone step); ``advantages``
+        and ``trained_at`` as :func:`episode_records` takes them."""
         if self.per_step <= 0:
             return []
         idx = select_train_episodes([t.success for t in batch.trajectories], self.per_step, self.seed, step)
         records = episode_records(
-            batch, idx, penalty=self.penalty, kind="train", step=step, advantages=list(advantages)
+            batch,
+            idx,
+            penalty=self.penalty,
+            kind="train",
+            step=step,
+            advantages=list(advantages),
+            trained_at=trained_at,
         )
         write_records(step_file(self.folder, step), records)
         if self.text_sink is not None and records:

@@ -8,6 +8,8 @@ Every metric a run logs is named here or by a function here, in fixed namespaces
 * ``losses/…``: per-model-group loss, entropy, clip ratios, KL and ``losses/group_grad_norm/<group>``;
   ``losses/grad_norm/<agent>`` is the gradient norm of that agent's samples alone;
 * ``lemma/…``: the Lemma 4.2 statistics of the step's scores per agent;
+* ``weights/…``: per model group, the weight version it trained at and its samples' version check
+  (:meth:`~mas_train.hosting.worker.ModelGroupWorker.update`);
 * ``eval/…``: evaluation (``mas_train.eval``); ``time/…``: seconds per phase of the step.
 
 avg@k and pass@k over k sampled trajectories per task, overall and per data source:
@@ -65,7 +67,9 @@ def update_metrics(group: str, out: Mapping[str, float]) -> dict[str, float]:
     ``grad_norm/<agent>`` → ``losses/grad_norm/<agent>`` (that agent's samples alone, Fig. 4),
     ``mismatch/<stat>/<agent>`` → ``charts/sampling/mismatch/<stat>/<agent>`` (sampler vs trainer), ``grad_norm`` →
     ``losses/group_grad_norm/<group>``, loss / entropy / KL / clip ratios → ``losses/<name>/<group>``,
-    ``learning_rate`` → ``charts/learning_rate/<group>``, anything else → ``charts/<name>/<group>``."""
+    ``learning_rate`` → ``charts/learning_rate/<group>``, ``weights/<name>`` (the worker's weight-version check:
+    ``trained_at_version``, ``samples_checked``, ``stale_samples``) → ``weights/<name>/<group>``, anything else →
+    ``charts/<name>/<group>``."""
     m: dict[str, float] = {}
     for k, v in out.items():
         if k.startswith("grad_norm/"):
@@ -76,6 +80,8 @@ def update_metrics(group: str, out: Mapping[str, float]) -> dict[str, float]:
             m[f"losses/group_grad_norm/{group}"] = v
         elif k in ("loss", "entropy", "kl") or k.startswith("clip_ratio"):
             m[f"losses/{k}/{group}"] = v
+        elif k.startswith("weights/"):  # the worker's weight-version check
+            m[f"{k}/{group}"] = v
         else:
             m[f"charts/{k}/{group}"] = v
     return m

@@ -44,6 +44,8 @@ class TrainSummary(TypedDict):
     report: str | None
     already_complete: bool
     finished_only: bool
+    samples_checked: int
+    stale_samples: int
 
 
 def _no_plots(run_dir: Path, cfg: TrainConfig) -> list[Path]:
@@ -109,7 +111,8 @@ def train(
         (the run's page, ``None``: none written) from ``end_of_run``,
         ``already_complete`` (``True`` when ``--resume`` pointed at a complete run at or past ``max_steps``:
         nothing was run or written), ``finished_only`` (``True`` when only a missing final evaluation / plots
-        were done).
+        were done), ``samples_checked`` / ``stale_samples`` (samples of this call's steps whose weight version the
+        workers checked before updating, and those refused as stale: 0, as a stale one stops the run).
 
     Raises:
         ConfigError: invalid settings, found before any model is loaded.
@@ -147,6 +150,8 @@ def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start
         "report": None,
         "already_complete": False,
         "finished_only": False,
+        "samples_checked": 0,
+        "stale_samples": 0,
     }
     finishing = False
     if ckpt is not None:
@@ -248,6 +253,8 @@ def _train(plan: RunPlan, end: EndOfRun, *, progress: bool, out: TextIO, t_start
             "plots": [str(p) for p in end.plots(run_dir, cfg)],
             "report": end.report(run_dir),
             "wall_seconds": time.perf_counter() - t_start,
+            "samples_checked": trainer.samples_checked,
+            "stale_samples": trainer.stale_samples,
         }
     )
     if trainer.step >= cfg.max_steps:

@@ -10,7 +10,8 @@ model loading, the loop of :meth:`MultiGroupTrainer.fit`, the summary. One step
    default team 1, role 0: ``s = R − c·invalid``) and its advantage (:func:`~mas_train.advantages.compute_advantages`,
    Dr. MAS eq. 5 by default), computed over the whole batch before it is split by model group;
 3. per model group: its samples and advantages to its worker's GRPO update
-   (:meth:`~mas_train.hosting.worker.ModelGroupWorker.update`), then the weight sync to its generation backend;
+   (:meth:`~mas_train.hosting.worker.ModelGroupWorker.update`, which refuses samples of older weights and
+   reports the weight version it trained at), then the weight sync to its generation backend;
 4. the step's metrics (:mod:`mas_train.metrics` names them).
 
 :meth:`MultiGroupTrainer.fit` adds the cadence: an evaluation before the first update (step 0) when
@@ -100,6 +101,9 @@ class MultiGroupTrainer:
         self.last_checkpoint: Path | None = None
         self.last_eval: dict[str, float] = {}
         self.first_eval: dict[str, float] = {}
+        # samples whose weight version the workers checked in this process's steps, and those refused as stale
+        # (always 0 when a step returns: a stale sample raises); the end-of-run summary prints them
+        self.samples_checked = self.stale_samples = 0
 
     # -- data -----------------------------------------------------------------------------------------------
     @property
@@ -178,6 +182,7 @@ class MultiGroupTrainer:
         t_score = time.perf_counter() - t0
 
         t_update = t_sync = 0.0
+        trained_at: dict[str, int] = {}  # group -> the weight version its update trained at
         for g in self.groups:
             if not self.resolved.model_groups[g].trainable:
                 # a frozen group acts and is logged, but its samples never reach a loss
@@ -202,8 +207,11 @@ class MultiGroupTrainer:
             t_sync += time.perf_counter() - t0
             metrics[f"charts/skipped/{g}"] = 0.0
             metrics.update(update_metrics(g, out))
+            trained_at[g] = int(out["weights/trained_at_version"])
+            self.samples_checked += int(out["weights/samples_checked"])
+            self.stale_samples += int(out["weights/stale_samples"])
         self.step += 1
-        self.episodes.train(self.step, batch, adv.tolist())
+        self.episodes.train(self.step, batch, adv.tolist(), trained_at)
         metrics.update(
             {
                 "time/generate": batch.generate_seconds,

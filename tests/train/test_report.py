@@ -59,6 +59,7 @@ def make_run(tmp_path, tok, name, *, right_at_end=True):
             "charts/reward": 0.5,
             "charts/success_rate": 0.5,
             "charts/invalid_rate": 0.25,
+            **_versions(0, 8),
         },
         {
             "step": 2,
@@ -66,6 +67,7 @@ def make_run(tmp_path, tok, name, *, right_at_end=True):
             "charts/reward": 0.75,
             "charts/success_rate": 0.75,
             "charts/invalid_rate": 0.0,
+            **_versions(1, 6),
         },
         {"step": 2, "time": 280.0, "eval/avg@2": 1.0, "eval/pass@2": 1.0, "eval/reward": 1.0},
     ]
@@ -73,7 +75,8 @@ def make_run(tmp_path, tok, name, *, right_at_end=True):
     for step in (0, 1, 2):
         col = RolloutCollector(
             make_script_env,
-            {"g": ScriptGenerator(tok, reply_for(step))},
+            # a training step samples with the weights of the step before (v step-1); an evaluation with v step
+            {"g": ScriptGenerator(tok, reply_for(step), weight_version=max(step - 1, 0))},
             {"g": tok},
             {"solver": "g", "verifier": "g"},
             {a: SamplingParams(max_new_tokens=8) for a in ("solver", "verifier")},
@@ -81,13 +84,31 @@ def make_run(tmp_path, tok, name, *, right_at_end=True):
         if step:
             batch = col.collect(TASKS[:2], 2, step=step, uid_prefix=f"{step}/")
             adv = [0.5] * len(batch.samples)
-            recs = episode_records(batch, [0, 1, 2], penalty=0.1, kind="train", step=step, advantages=adv)
+            recs = episode_records(
+                batch,
+                [0, 1, 2],
+                penalty=0.1,
+                kind="train",
+                step=step,
+                advantages=adv,
+                trained_at={"g": step - 1},
+            )
             write_records(step_file(run / "rollouts", step), recs)
         if step in (0, 2):
+            col.generators["g"].weight_version = step
             rec = EvalRecorder(2, 0.1, limit=3, step=step)
             rec.add(col.collect(TASKS, 2, step=-1))
             write_records(step_file(run / "rollouts", step), rec.records, replace_kind="eval")
     return run
+
+
+def _versions(version, checked):
+    """The weight-version metrics of model group ``g`` at one step (``ModelGroupWorker.update``'s)."""
+    return {
+        "weights/trained_at_version/g": float(version),
+        "weights/samples_checked/g": float(checked),
+        "weights/stale_samples/g": 0.0,
+    }
 
 
 def page_data(html: str) -> dict:
@@ -165,3 +186,56 @@ def test_a_run_without_episodes_or_metrics_still_gets_a_page(tmp_path):
     data = page_data(html)
     assert data == {"runs": [{"name": "bare", "episodes": []}], "agents": [], "columns": []}
     assert "No evaluation was logged." in html and "No curves" in html
+    assert "No weight-version metrics (<code>weights/…</code>) in metrics.jsonl" in html
+
+
+def test_run_page_shows_each_turns_weight_versions_and_the_online_check(tmp_path, tok):
+    run = make_run(tmp_path, tok, "a")
+    html = build_run_report(run).read_text()
+    # the online check from metrics.jsonl: 8 + 6 samples checked over the 2 training lines, none stale
+    assert '<a href="#online">Online check</a>' in html
+    assert '<b id="online-checked">14</b> samples checked in 2 logged steps' in html
+    assert '<b id="online-stale" class="ok">0</b> refused as stale' in html
+    assert "0 is the expected number, and it is the proof that training was online" in html
+    assert "<tr><td>g</td><td>2</td><td>14</td><td>0</td><td>v0 … v1</td></tr>" in html
+    # every shown training turn: sampled at v(step-1) and trained at it; evaluation turns: sampled only
+    turns = [(r, t) for r in page_data(html)["runs"][0]["episodes"] for t in r["transcript"]]
+    train = [t for r, t in turns if r["kind"] == "train"]
+    assert {(r["step"], t["weight_version"], t["trained_at_version"]) for r, t in turns} == {
+        (0, 0, None),
+        (1, 0, 0),
+        (2, 1, 1),
+        (2, 2, None),
+    }
+    assert re.search(rf"they are equal in {len(train)} of the\s+{len(train)} training turns shown", html)
+    # the badge each turn gets in the browser (report.js; tests/train/test_report_browser.py looks at it)
+    assert '"v" + t.weight_version + " → trained at v" + trained' in html
+
+
+def test_online_check_counts_by_hand():
+    from mas_train.tools.online_check import online_check
+
+    lines = [
+        {"step": 1, "weights/trained_at_version/a": 0.0, "weights/samples_checked/a": 4.0},
+        {"step": 1, "weights/trained_at_version/a": 0.0, "weights/samples_checked/a": 5.0},  # a redone step
+        {"step": 2, "weights/trained_at_version/a": 1.0, "weights/samples_checked/a": 3.0},
+        {"step": 2, "weights/trained_at_version/b": 0.0, "weights/samples_checked/b": 2.0},
+        {"step": 2, "weights/stale_samples/b": 1.0},  # the last line of step 2 counts: a has no metric there
+        {"step": 3, "charts/reward": 0.5},  # a line without the metrics (an older run)
+    ]
+    episodes = [
+        {"kind": "train", "transcript": [{"weight_version": 1, "trained_at_version": 1}, {"speaker": "env"}]},
+        {"kind": "train", "transcript": [{"weight_version": 0, "trained_at_version": 1}]},
+        {"kind": "eval", "transcript": [{"weight_version": 2, "trained_at_version": None}]},
+    ]
+    assert online_check(lines, episodes) == {
+        "rows": [
+            {"group": "a", "steps": 1, "checked": 5, "stale": 0, "first": 0, "last": 0},
+            {"group": "b", "steps": 0, "checked": 0, "stale": 1, "first": None, "last": None},
+        ],
+        "checked": 5,
+        "stale": 1,
+        "steps": 1,
+        "turns": 2,
+        "turns_equal": 1,
+    }

@@ -137,6 +137,14 @@ def test_report_of_a_real_run_filters_and_compares(browser, run_dir, tmp_path):
     assert page.text_content("#count") == f"{len(records)} of {len(records)} episodes"
     assert page.locator("details.episode").count() == len(records)
     assert page.locator("#curves img").count() >= 3  # reward, eval, invalid rate...
+    # the online check: every shown training turn was generated and trained at the same version
+    turns = sum(t["speaker"] != "env" and not t["skipped"] for r in train for t in r["transcript"])
+    online = " ".join(page.text_content("#online").split())
+    assert (
+        "refused as stale. 0 is the expected number" in online
+        and f"equal in {turns} of the {turns} training turns shown" in online
+    )
+    _shot(page.locator("#online"), tmp_path, "report-online.png")
     _shot(page, tmp_path, "report-top.png")
 
     def expect(**filters):
@@ -181,6 +189,9 @@ def test_report_of_a_real_run_filters_and_compares(browser, run_dir, tmp_path):
         assert head.startswith(t["speaker"]) and f"advantage {abs(t['advantage']):.3f}" in head.replace(
             "−", ""
         ).replace("+", "")
+        # step 2 sampled with the weights of one update and trained at them: the turn's version badge says so
+        assert (t["weight_version"], t["trained_at_version"]) == (1, 1)
+        assert turns.nth(i).locator(".badge.ver").text_content() == "v1 → trained at v1"
     page.locator("#episodes").scroll_into_view_if_needed()
     _shot(page, tmp_path, "report-episode.png")
 
@@ -200,6 +211,9 @@ def test_report_of_a_real_run_filters_and_compares(browser, run_dir, tmp_path):
         ]
         assert cells.nth(0).locator(".cmp-label").text_content() == "step 0 (before training)"
         assert cells.nth(1).locator(".cmp-label").text_content() == "step 2"
+        # evaluation turns: the version that generated them (initial weights, then after two syncs), no training
+        assert {b.text_content() for b in cells.nth(0).locator(".badge.ver").all()} == {"v0"}
+        assert {b.text_content() for b in cells.nth(1).locator(".badge.ver").all()} == {"v2"}
     changed = sum(ev[(0, t)]["success"] != ev[(2, t)]["success"] for t in tasks)
     page.select_option("#cmp-filter", "changed")
     assert page.locator(".cmp-row").count() == changed

@@ -57,6 +57,7 @@ def test_a_run_killed_during_its_final_evaluation_resumes_into_it(tmp_path, monk
     )
     assert "  ready in " in out and "; the final evaluation of step 1 starts" in out
     assert "mas-train finished the run at step 1 (its final evaluation and plots)" in out
+    assert "online check" not in out  # no step ran, no sample was checked
     assert _eval_steps(run) == [0, 1] and completed_step(run) == 1
     assert (run / "plots" / "reward.png").is_file()
     assert len(list((run / "checkpoints").iterdir())) == 1  # no training step, no new checkpoint
@@ -81,6 +82,10 @@ def test_a_run_killed_during_its_final_evaluation_resumes_into_it(tmp_path, monk
     out = capsys.readouterr().out
     assert "mas-train finished 1 step (resumed at step 1, now at step 2) in " in out
     assert completed_step(run) == 2
+    # ... and the samples of that step it checked; the resumed backend's first sync is the checkpoint's weights
+    step2 = next(r for r in read_jsonl(run / "metrics.jsonl") if r["step"] == 2 and "charts/reward" in r)
+    assert f"  online check: {int(step2['charts/num_samples'])} samples checked, 0 refused as stale" in out
+    assert (step2["weights/trained_at_version/shared"], step2["weights/stale_samples/shared"]) == (1.0, 0.0)
 
 
 def test_ctrl_c_before_the_first_checkpoint_and_the_openai_start_up_line(tmp_path, monkeypatch, capsys):

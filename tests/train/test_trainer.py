@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -366,12 +367,23 @@ def test_one_step_trains_each_non_shared_group_and_skips_a_group_that_did_not_ac
         assert len(_changed({"solver": after["solver"]}, {"solver": after2["solver"]})["solver"]) > 0
         assert tr.pool.worker("verifier").weight_version == 1 and tr.pool.worker("solver").weight_version == 2
 
-        # samples generated before the last sync are refused
-        stale = Sample(
-            "t", "r", "solver", "solver", 0, [1, 2], [3], [-1.0], False, 0.0, False, 1, "stop", "x"
+        # samples generated before the last sync are refused, and the error counts them
+        def sample(uid, version):
+            return Sample(
+                "t", uid, "solver", "solver", 0, [1, 2], [3], [-1.0], False, 0.0, False, version, "stop", "x"
+            )
+
+        solver = tr.pool.worker("solver")
+        with pytest.raises(StaleSampleError) as err:
+            solver.update([sample("a", 2), sample("b", 1), sample("c", 0)], [1.0, 1.0, 1.0])
+        assert str(err.value) == (
+            "model group 'solver': 2 of 3 samples were generated with weights older than the policy's v2 (the "
+            "first: sample b turn 0, v1); collect fresh rollouts after each update"
         )
-        with pytest.raises(StaleSampleError, match="v1 but the policy is at v2"):
-            tr.pool.worker("solver").update([stale], [1.0])
+        assert (err.value.group, err.value.version, err.value.stale, err.value.checked) == ("solver", 2, 2, 3)
+        again = pickle.loads(pickle.dumps(err.value))  # whole across a Ray actor's boundary
+        assert (str(again), again.stale, again.checked) == (str(err.value), 2, 3)
+        assert solver.updates == 2 and solver.weight_version == 2  # refused before any update
     finally:
         tr.close()
 
