@@ -41,7 +41,7 @@ from mas_train.checkpoint import (
 from mas_train.episodes import EpisodeLog
 from mas_train.eval import eval_sampling, evaluate
 from mas_train.lemma_stats import lemma_metrics, lld_metrics
-from mas_train.metrics import rollout_metrics, update_metrics
+from mas_train.metrics import diversity_metrics, rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
 from mas_train.scoring import turn_scores
 from mas_train.tasks import TaskSampler
@@ -120,6 +120,7 @@ class MultiGroupTrainer:
         t0 = time.perf_counter()
         samples = batch.samples
         metrics = rollout_metrics(batch, self.penalty)
+        metrics.update(diversity_metrics(samples))  # has an agent's G samples collapsed onto one answer?
         adv = np.zeros(0)
         if samples:
             weights = {a: ra.reward_weights for a, ra in self.resolved.agents.items()}
