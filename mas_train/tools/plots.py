@@ -293,7 +293,9 @@ def _diversity_figure(runs: Sequence[RunMetrics], path: Path) -> Path | None:
         "Distinct samples per agent among a task's G (mean over the step's tasks)\n"
         f"1 = all G samples alike (collapsed); G{f' = {g}' if g else ''} (num_generations) = all different"
     )
-    return panels_figure(runs, panels, title, path, hline=1.0, ylim=(0.8, g + 0.2) if g else None)
+    return panels_figure(
+        runs, panels, title, path, hline=1.0, smooth=SMOOTH_STEPS, ylim=(0.8, g + 0.2) if g else None
+    )
 
 
 def plot_runs(
