@@ -15,7 +15,9 @@ What the base class does
   `truncations` (the `max_turns` cap), the global turn counter, and `infos`.
 * `infos[agent]` always holds `messages` (that agent's prompt as chat messages), `turn` (0-based index of the
   next turn, global across agents), `task_id` and `invalid_action` (whether the agent's last action was
-  malformed). When the episode ends every agent also gets `team_reward` (R, no penalties), `success` and
+  malformed) and `parsed_answer` (the answer the env parsed from the agent's last action, `Transition.answer`;
+  `None` before it acted, when the action gives none, or when the env declares none). When the episode ends
+  every agent also gets `team_reward` (R, no penalties), `success` and
   `episode_metrics` (the env's per-episode metrics from `Outcome.metrics`, name -> float), `role_rewards`
   (the env's per-turn role scores from `Outcome.role_rewards`, turn -> float; empty for an env that gives none)
   and `agent_rewards` (each agent's outcome reward, agent -> float: R for every agent in a team env, the env's
@@ -51,8 +53,9 @@ and implements these public hooks (all called by the base class; none of them to
 * `start_episode(self, task: dict) -> str`: set up episode state for `task` and return the first agent to act.
 * `prompt_messages(self, agent: str) -> list[dict[str, str]]`: that agent's prompt now, as chat messages.
 * `apply_action(self, agent: str, action: str) -> Transition`: parse the action, update the episode state and
-  say whether it was invalid and who acts next (`next_agent=None` ends the episode). It must not raise on any
-  str.
+  say whether it was invalid and who acts next (`next_agent=None` ends the episode), and optionally the
+  answer it parsed from the action (`Transition.answer`, default `None`: trainers use it for per-agent answer
+  diversity). It must not raise on any str.
 * `episode_outcome(self) -> Outcome`: the team reward R, success, optional per-episode metrics and optional
   per-turn role scores (`Outcome.role_rewards`, only for turns of the agents in `role_reward_agents`), called
   once when the episode ends.
@@ -183,10 +186,16 @@ class Transition:
     Attributes:
         invalid: the action was malformed (the acting agent gets the penalty `-c`).
         next_agent: who acts next; `None` ends the episode (all agents terminate).
+        answer: optional: the final answer the env parsed from the action, in the normal form it compares
+            answers in (e.g. a math solver's `\\boxed{}` content after `normalize_answer`), so two actions that
+            give the same answer give equal strings. `None` (the default): the action gives no answer, or the
+            env does not report answers. It reaches `infos[agent]["parsed_answer"]`; nothing is scored on it
+            (mas-train logs how many distinct answers an agent gives per task, `diversity/distinct_answers/`).
     """
 
     invalid: bool
     next_agent: str | None
+    answer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,7 +551,9 @@ class TextAECEnv(AECEnv[str, str, str]):
         self._cumulative_rewards = {a: 0.0 for a in self.agents}
         self.terminations = {a: False for a in self.agents}
         self.truncations = {a: False for a in self.agents}
-        self.infos: dict[str, dict[str, Any]] = {a: {"invalid_action": False} for a in self.agents}
+        self.infos: dict[str, dict[str, Any]] = {
+            a: {"invalid_action": False, "parsed_answer": None} for a in self.agents
+        }
         self._skip_agent_selection = None
         try:
             first = self.start_episode(task)
@@ -580,6 +591,7 @@ class TextAECEnv(AECEnv[str, str, str]):
             transition = Transition(invalid=True, next_agent=transition.next_agent)
         self.transcript.append(TranscriptEntry(self.turn, agent, text, transition.invalid))
         self.infos[agent]["invalid_action"] = bool(transition.invalid)
+        self.infos[agent]["parsed_answer"] = None if transition.answer is None else str(transition.answer)
         if transition.invalid:
             self.rewards[agent] -= self.invalid_action_penalty
         self.turn += 1

@@ -10,6 +10,8 @@ Every metric a run logs is named here or by a function here, in fixed namespaces
 * ``lemma/…``: the Lemma 4.2 statistics of the step's scores per agent;
 * ``weights/…``: per model group, the weight version it trained at and its samples' version check
   (:meth:`~mas_train.hosting.worker.ModelGroupWorker.update`);
+* ``diversity/…``: how many different first turns (and parsed answers) each agent wrote across a task's G
+  samples (:func:`diversity_metrics`);
 * ``eval/…``: evaluation (``mas_train.eval``); ``time/…``: seconds per phase of the step.
 
 avg@k and pass@k over k sampled trajectories per task, overall and per data source:
@@ -35,10 +37,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from mas_train.samples import RolloutBatch
+    from mas_train.samples import RolloutBatch, Sample
 
 __all__ = [
     "avg_at_k",
+    "diversity_metrics",
     "env_metrics",
     "pass_at_k",
     "pass_at_k_and_avg_at_k",
@@ -122,6 +125,66 @@ def rollout_metrics(batch: RolloutBatch, penalty: float) -> dict[str, float]:
             if role:
                 m[f"charts/role_reward/{a}"] = float(np.mean(role))
     m.update(env_metrics([t.metrics for t in trajs]))
+    return m
+
+
+def diversity_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """Per-agent diversity of a step's rollouts: has an agent's G samples of a task collapsed onto one answer?
+
+    Definition. For each (task group, agent) take the agent's *first* turn (smallest ``Sample.turn``) in each
+    trajectory of the group where it acted, n of them (n <= G, the group's ``num_generations``); a second or
+    later turn of the agent in a trajectory is not compared, because it follows a different history. The
+    agent that opens an episode sees the same prompt in all G trajectories (in every bundled env), so its
+    count measures its own sampling; a later agent's first prompt also holds what its teammates said, so its
+    count includes their diversity. Groups with n < 2 (the agent acted in at most one trajectory) are skipped.
+
+    * ``diversity/distinct/<agent>``: the number of distinct completion token-id sequences among the n first
+      turns, averaged over the step's kept groups: a float in [1, G]; 1 = every sample of a task is the same.
+    * ``diversity/distinct_frac/<agent>``: per group distinct / n, averaged: 1.0 = all different, 1/G = all G
+      collapsed onto one completion.
+    * ``diversity/distinct_answers/<agent>``: the number of distinct *final* answers among the same n
+      trajectories, averaged over the same groups. A trajectory's final answer is the parsed answer
+      (``Sample.answer``, from the env's ``Transition.answer``) of the agent's *last* turn in it, the one the
+      bundled envs grade (a math solver's last attempt, search's answer turn); "no answer" (``None``) counts as
+      one value. Logged only when at least one of those final answers of the step is not ``None`` (so never
+      for an agent whose env reports no answers).
+
+    Args:
+        samples: the step's samples (any order).
+
+    Returns:
+        The keys above for each agent with at least one kept group; ``{}`` when there is none.
+    """
+    # (task, agent) -> traj -> the agent's first / last turn in it
+    first: dict[tuple[str, str], dict[str, Sample]] = defaultdict(dict)
+    last: dict[tuple[str, str], dict[str, Sample]] = defaultdict(dict)
+    for s in samples:
+        a, b = first[(s.task_uid, s.agent)], last[(s.task_uid, s.agent)]
+        if s.traj_uid not in a or s.turn < a[s.traj_uid].turn:
+            a[s.traj_uid] = s
+        if s.traj_uid not in b or s.turn > b[s.traj_uid].turn:
+            b[s.traj_uid] = s
+    distinct: dict[str, list[int]] = defaultdict(list)
+    frac: dict[str, list[float]] = defaultdict(list)
+    answers: dict[str, list[int]] = defaultdict(list)
+    answered: set[str] = set()
+    for key, by_traj in first.items():
+        turns, agent = list(by_traj.values()), key[1]
+        if len(turns) < 2:
+            continue
+        d = len({tuple(s.completion_ids) for s in turns})
+        distinct[agent].append(d)
+        frac[agent].append(d / len(turns))
+        final = [s.answer for s in last[key].values()]
+        answers[agent].append(len(set(final)))
+        if any(x is not None for x in final):
+            answered.add(agent)
+    m: dict[str, float] = {}
+    for agent in sorted(distinct):
+        m[f"diversity/distinct/{agent}"] = float(np.mean(distinct[agent]))
+        m[f"diversity/distinct_frac/{agent}"] = float(np.mean(frac[agent]))
+        if agent in answered:
+            m[f"diversity/distinct_answers/{agent}"] = float(np.mean(answers[agent]))
     return m
 
 

@@ -63,6 +63,7 @@ class _Turn:
     prompt_ids: list[int]
     output: GenerationOutput | None = None  # set when the backend answers
     invalid: bool = False
+    answer: str | None = None  # the env's parsed answer of the turn (infos[agent]["parsed_answer"])
 
 
 class _Episode:
@@ -103,6 +104,7 @@ class _Episode:
         self.said.append(TextEvent(agent, at, action, invalid, messages, skipped=turn is None))
         if turn is not None:
             turn.invalid = invalid
+            turn.answer = None if info.get("parsed_answer") is None else str(info["parsed_answer"])
             self.turns.append(turn)
         # Episode end: every remaining agent is done. Read the outcome now: the dead steps below remove the
         # agents and with them their infos.
@@ -150,6 +152,7 @@ class _Episode:
             finish_reason=str(out.finish_reason),
             data_source=self.data_source,
             role_reward=self.role_rewards.get(t.turn),
+            answer=t.answer,
         )
 
     def text(self) -> EpisodeText:

@@ -34,6 +34,9 @@ class Sample:
         data_source: the task's ``data_source`` (for per-source avg@k/pass@k).
         role_reward: the env's role score of this turn (``infos[agent]["role_rewards"][turn]`` at the episode's
             end, ``Outcome.role_rewards``), ``None`` when the env gives the turn none.
+        answer: the env's parsed answer of the turn (``infos[agent]["parsed_answer"]`` after it, from
+            ``Transition.answer``; e.g. a math solver's normalised ``\\boxed{}`` content), ``None`` when the turn
+            gives none or the env reports none. Read only by the diversity metrics.
     """
 
     task_uid: str
@@ -51,6 +54,7 @@ class Sample:
     finish_reason: str
     data_source: str
     role_reward: float | None = None
+    answer: str | None = None
 
     def score(
         self, invalid_action_penalty: float, team_weight: float = 1.0, role_weight: float = 0.0

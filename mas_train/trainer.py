@@ -42,7 +42,7 @@ from mas_train.checkpoint import (
 from mas_train.episodes import EpisodeLog
 from mas_train.eval import eval_sampling, evaluate
 from mas_train.lemma_stats import lemma_metrics, lld_metrics
-from mas_train.metrics import rollout_metrics, update_metrics
+from mas_train.metrics import diversity_metrics, rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
 from mas_train.scoring import turn_scores
 from mas_train.task_pool import TaskPool, collect_step
@@ -146,6 +146,7 @@ class MultiGroupTrainer:
         samples = batch.samples
         metrics = rollout_metrics(got.generated, self.penalty)
         metrics.update(got.metrics)
+        metrics.update(diversity_metrics(samples))  # has an agent's G samples collapsed onto one answer?
         adv = np.zeros(0)
         if samples:
             columns = (

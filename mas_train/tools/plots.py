@@ -12,6 +12,7 @@ file                 what
 ``grad_norm.png``    ``losses/grad_norm/<agent>``, one panel per agent
 ``env.png``          ``env/<name>`` (per-episode env metrics), one panel per metric
 ``lemma_factor.png`` ``lemma/factor/<agent>`` (Lemma 4.2 inflation factor), one panel per agent
+``diversity.png``    ``diversity/distinct/<agent>`` and ``diversity/distinct_answers/<agent>``, one panel each
 ===================  =============================================================================
 
 Several runs overlay, one colour per run, with a legend. One run writes into ``RUN_DIR/plots`` by default;
@@ -148,6 +149,11 @@ def style_axes(ax, title: str, ylabel: str, *, hline: float | None = None) -> No
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     if "norm" in ylabel and ax.get_ylim()[0] < 0:  # a norm is >= 0: a flat 0 autoscales to +-0.05
         ax.set_ylim(bottom=-0.03 * ax.get_ylim()[1])
+    if ylabel.startswith(
+        "distinct"
+    ):  # a count of distinct samples is >= 1: keep the collapsed line 1 in view
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, 0.8), max(hi, 1.2))
     if "fraction" in ylabel or ylabel in ("reward", "success rate"):
         lo, hi = ax.get_ylim()
         ax.set_ylim(min(lo, -0.02), max(hi, 1.02))
@@ -173,8 +179,11 @@ def panels_figure(
     marker: str = "",
     hline: float | None = None,
     smooth: int = 0,
+    ylim: tuple[float, float] | None = None,
 ) -> Path | None:
     """One figure, one panel per ``(panel title, metric key, y label)``; a line per run. None if no data.
+
+    ``ylim``: the same y range on every panel (default: each panel its own).
 
     ``smooth`` W > 1: a run with more than W points is drawn thin (per step) with a thick line over it, the
     trailing mean of the last W steps (a step of a few tasks is noisy: its reward swings with their difficulty).
@@ -203,6 +212,8 @@ def panels_figure(
                 dot = marker or ("o" if len(steps) == 1 else None)
                 ax.plot(steps, values, marker=dot, ls="-", color=color, label=run.label)
         style_axes(ax, ptitle, ylabel, hline=hline)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     if len(runs) > 1:
@@ -253,6 +264,38 @@ def _eval_figure(runs: Sequence[RunMetrics], path: Path) -> Path | None:
                 ptitle += f"\nstep {steps[0]} → {steps[-1]}: {values[0]:.3f} → {values[-1]:.3f}"
         panels.append((ptitle, k, "fraction of eval tasks"))
     return panels_figure(runs, panels, "Evaluation (step 0 = before training)", path, marker="o")
+
+
+def _num_generations(runs: Sequence[RunMetrics]) -> int | None:
+    """G (``num_generations`` of ``config.yaml``) when every run has the same one, else None."""
+    import yaml
+
+    found = set()
+    for r in runs:
+        path = r.run_dir / "config.yaml"
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+        found.add(cfg.get("num_generations") if isinstance(cfg, dict) else None)
+    g = found.pop() if len(found) == 1 else None
+    return g if isinstance(g, int) and not isinstance(g, bool) else None
+
+
+def _diversity_figure(runs: Sequence[RunMetrics], path: Path) -> Path | None:
+    """``diversity/distinct`` (first turns) and ``diversity/distinct_answers`` (the env's parsed final answers)
+    per agent, on one y range [1, G] when every run has the same G."""
+    panels = []
+    for a in _agents(runs, "diversity/distinct/"):
+        panels.append((f"{a}: first turns (completions)", f"diversity/distinct/{a}", "distinct of G samples"))
+        panels.append(
+            (f"{a}: final answers (parsed)", f"diversity/distinct_answers/{a}", "distinct of G samples")
+        )
+    g = _num_generations(runs)
+    title = (
+        "Distinct samples per agent among a task's G (mean over the step's tasks)\n"
+        f"1 = all G samples alike (collapsed); G{f' = {g}' if g else ''} (num_generations) = all different"
+    )
+    return panels_figure(
+        runs, panels, title, path, hline=1.0, smooth=SMOOTH_STEPS, ylim=(0.8, g + 0.2) if g else None
+    )
 
 
 def plot_runs(
@@ -325,6 +368,7 @@ def plot_runs(
             marker="o",
             hline=1.0,
         ),
+        _diversity_figure(runs, out / "diversity.png"),
     ]
     return [p for p in written if p is not None]
 

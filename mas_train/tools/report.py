@@ -5,8 +5,9 @@
 CSS, script, data and figures inline (the PNGs of ``mas-plot`` as base64 data URIs), no network, readable from
 ``file://``. It holds:
 
-* the run's settings and summary (first vs last evaluation, first vs last training step) and its online check
-  (:mod:`mas_train.tools.online_check`: samples trained, refused as stale, weight versions per model group);
+* the run's settings and summary (first vs last evaluation, first vs last training step, and each agent's
+  diversity: distinct first turns and final answers among a task's G samples, ``diversity/…``) and its online
+  check (:mod:`mas_train.tools.online_check`: samples trained, refused as stale, weight versions per model group);
 * the curves (``RUN/plots/*.png``, drawn now when the folder has none);
 * an episode browser over ``RUN/rollouts/`` (:mod:`mas_train.episodes`): filter by step, agent, outcome, data
   source or text; each episode a conversation of agent-coloured turns with the env's messages between them and
@@ -179,6 +180,24 @@ def _settings(saved: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _diversity_rows(first: Mapping[str, Any], last: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Rows ``agent | what | first | last`` of the ``diversity/distinct…/<agent>`` keys either line has
+    (:func:`mas_train.metrics.diversity_metrics`): distinct first turns, then distinct final answers."""
+    kinds = (("distinct", "first turns (completions)"), ("distinct_answers", "final answers (parsed)"))
+    agents = [
+        k.split("/", 2)[2] for k in dict.fromkeys([*first, *last]) if k.startswith("diversity/distinct/")
+    ]
+    rows = []
+    for a in dict.fromkeys(agents):
+        for kind, what in kinds:
+            key = f"diversity/{kind}/{a}"
+            if key in first or key in last:
+                rows.append(
+                    {"agent": a, "what": what, "first": _fmt(first.get(key)), "last": _fmt(last.get(key))}
+                )
+    return rows
+
+
 def _summary(run: Mapping[str, Any]) -> dict[str, Any]:
     evals = run["evals"]
     first, last = (evals[0], evals[-1]) if evals else ({}, {})
@@ -204,6 +223,8 @@ def _summary(run: Mapping[str, Any]) -> dict[str, Any]:
         "eval_rows": _eval_rows(first, last) if evals else [],
         "train_steps": (t0.get("step"), t1.get("step")),
         "train_rows": train_rows,
+        "diversity_rows": _diversity_rows(t0, t1),
+        "num_generations": run["config"].get("num_generations"),
     }
 
 
@@ -218,7 +239,7 @@ def _png_uris(paths: Sequence[Path]) -> list[dict[str, str]]:
 
 
 #: mas-plot's figures in reading order (any other PNG of the folder follows, by name).
-_FIGURE_ORDER = ("reward", "eval", "invalid_rate", "grad_norm", "env", "lemma_factor")
+_FIGURE_ORDER = ("reward", "eval", "invalid_rate", "grad_norm", "env", "lemma_factor", "diversity")
 
 
 def _figures(run_dirs: Sequence[Path], plots_dir: Path | None) -> list[dict[str, str]]:

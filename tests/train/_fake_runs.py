@@ -21,10 +21,13 @@ def write_fake_run(
     factor: Mapping[str, float] | None = None,
     extra_keys: bool = True,
     max_steps: int | None = None,
+    diversity: bool = False,
 ) -> Path:
     """A run folder: ``steps`` training lines, eval lines ``(step, avg@4, pass@4)``, and a ``config.yaml``.
 
     ``grad_norms[agent][i]`` is ``losses/grad_norm/<agent>`` at step i + 1 (default a smooth curve per agent).
+    ``diversity``: also ``diversity/…`` keys (G = 4: the solver's first turns collapse from 4 to 1, its answers
+    from 3 to 1; the verifier's stay at 2) and ``num_generations: 4`` in the config.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     grad_norms = grad_norms or {
@@ -45,6 +48,12 @@ def write_fake_run(
             if extra_keys:
                 rec[f"charts/invalid_rate/{a}"] = max(0.0, 0.5 - 0.03 * step)
                 rec[f"lemma/factor/{a}"] = factor.get(a, 1.0) + 0.01 * i
+        if diversity:
+            rec["diversity/distinct/solver"] = 4.0 - 3.0 * i / max(1, steps - 1)
+            rec["diversity/distinct_frac/solver"] = rec["diversity/distinct/solver"] / 4
+            rec["diversity/distinct_answers/solver"] = 3.0 - 2.0 * i / max(1, steps - 1)
+            rec["diversity/distinct/verifier"] = 2.0
+            rec["diversity/distinct_frac/verifier"] = 0.5
         if extra_keys:
             rec["env/verifier_accuracy"] = 0.5 + 0.02 * step
             rec["env/solver_turns"] = 1.5
@@ -54,5 +63,7 @@ def write_fake_run(
             lines.append({"step": step, "eval/avg@4": by_step[step][0], "eval/pass@4": by_step[step][1]})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
     cfg = {"env": "math-2agent", "advantage_mode": mode, "seed": seed, "max_steps": max_steps or steps}
+    if diversity:
+        cfg["num_generations"] = 4
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
     return run_dir

@@ -107,3 +107,12 @@ def test_a_one_panel_figure_keeps_its_whole_title():
     plt.close(fig)
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
     assert " ".join(text.get_text().split()) == title  # wrapped, nothing dropped
+
+
+def test_diversity_figure_only_for_runs_that_logged_it(tmp_path):
+    run = write_fake_run(tmp_path / "r", steps=4, diversity=True)
+    paths = plot_run(run)
+    assert [p.name for p in paths] == [*ALL, "diversity.png"]
+    data = paths[-1].read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert "diversity.png" not in [p.name for p in plot_run(write_fake_run(tmp_path / "plain"))]

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import yaml
+from _fake_runs import write_fake_run
 from _train_fakes import ScriptGenerator, make_script_env
 
 from mas_train.backends.base import SamplingParams
@@ -239,3 +240,22 @@ def test_online_check_counts_by_hand():
         "turns": 2,
         "turns_equal": 1,
     }
+
+
+def test_the_page_shows_each_agents_diversity(tmp_path):
+    run = write_fake_run(tmp_path / "r", steps=4, diversity=True)
+    html = build_run_report(run).read_text(encoding="utf-8")
+    table = html[
+        html.index('id="diversity-table"') : html.index("</table>", html.index('id="diversity-table"'))
+    ]
+    rows = re.findall(r"<tr><td>(\w+)</td><td>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td></tr>", table)
+    # fake run, G = 4: the solver's first turns collapse 4 -> 1 and its answers 3 -> 1; the verifier stays at 2
+    assert rows == [
+        ("solver", "first turns (completions)", "4", "1"),
+        ("solver", "final answers (parsed)", "3", "1"),
+        ("verifier", "first turns (completions)", "2", "2"),
+    ]
+    assert "Diversity per agent, step 1 → step 4" in html and "G = 4" in html
+    assert 'alt="diversity"' in html  # the figure is on the page too
+    plain = build_run_report(write_fake_run(tmp_path / "plain", steps=4)).read_text(encoding="utf-8")
+    assert 'id="diversity-table"' not in plain and 'alt="diversity"' not in plain

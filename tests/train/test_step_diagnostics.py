@@ -1,5 +1,5 @@
-"""One real training step (tiny model, parity env) logs the per-agent diagnostics of issue 39 and passes
-``advantage_stats`` to the advantage rule."""
+"""One real training step (tiny model, parity env) logs the per-agent diagnostics of issue 39 (and issue 41's
+diversity) and passes ``advantage_stats`` to the advantage rule."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from _train_fakes import PARITY_TASKS, make_parity_env  # noqa: E402
 import mas_train.trainer as trainer_mod  # noqa: E402
 from mas_train.assemble import assemble_trainer  # noqa: E402
 from mas_train.lemma_stats import lemma_metrics, success_logp  # noqa: E402
+from mas_train.metrics import diversity_metrics  # noqa: E402
 
 
 def test_a_step_logs_noise_share_and_lld_and_uses_advantage_stats(tmp_path, tiny_qwen3_path, monkeypatch):
@@ -71,3 +72,6 @@ def test_a_step_logs_noise_share_and_lld_and_uses_advantage_stats(tmp_path, tiny
             got = metrics[key]
             assert (math.isnan(got) and math.isnan(want)) or got == want, key
         assert f"charts/advantage/zero_std_frac/{a}" in metrics
+    # the step logs the diversity of its own samples (the solver opens every episode, G = 2: always kept)
+    diversity = {k: v for k, v in metrics.items() if k.startswith("diversity/")}
+    assert diversity == diversity_metrics(samples) and "diversity/distinct/solver" in diversity

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mas_envs.core import task_id_of
-from mas_envs.rewards.math_grade import extract_boxed, gold_strings, grade_math, strip_think
+from mas_envs.rewards.math_grade import extract_boxed, gold_strings, grade_math, normalize_answer, strip_think
 
 __all__ = [
     "MATH_FUZZ",
@@ -25,6 +25,7 @@ __all__ = [
     "gsm8k_golden_task",
     "require_gold",
     "solver_action_is_valid",
+    "solver_answer",
 ]
 
 # Fragments the action space's sample() splices into random solver text, so fuzzing reaches valid answers.
@@ -34,6 +35,13 @@ MATH_FUZZ = ("\\boxed{", "}", "{", "18", "\\frac{1}{2}", "<think>", "</think>", 
 def solver_action_is_valid(action: str) -> bool:
     r"""A solver action is valid when a balanced `\boxed{...}` stands after its last `</think>`."""
     return extract_boxed(strip_think(action)) is not None
+
+
+def solver_answer(action: str) -> str | None:
+    r"""The solver's parsed answer (`Transition.answer`): its last balanced `\boxed{...}` after `</think>`,
+    in `normalize_answer`'s form (`\boxed{1,000.}` and `\boxed{ 1000 }` give `"1000"`); `None` without one."""
+    box = extract_boxed(strip_think(action))
+    return None if box is None else normalize_answer(box)
 
 
 def gold_of(task: dict[str, Any]) -> Any:

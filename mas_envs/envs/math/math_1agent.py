@@ -41,6 +41,7 @@ from mas_envs.envs.math.common import (
     gsm8k_golden_task,
     require_gold,
     solver_action_is_valid,
+    solver_answer,
 )
 
 __all__ = ["MathOneAgentEnv", "env", "raw_env"]
@@ -80,7 +81,9 @@ class MathOneAgentEnv(TextAECEnv):
 
     def apply_action(self, agent: str, action: str) -> Transition:
         self.answer_text = action
-        return Transition(invalid=not solver_action_is_valid(action), next_agent=None)
+        return Transition(
+            invalid=not solver_action_is_valid(action), next_agent=None, answer=solver_answer(action)
+        )
 
     def episode_outcome(self) -> Outcome:
         correct = grade_solution(self.answer_text, self.current_task)

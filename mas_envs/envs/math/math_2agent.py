@@ -84,6 +84,7 @@ from mas_envs.envs.math.common import (
     gsm8k_golden_task,
     require_gold,
     solver_action_is_valid,
+    solver_answer,
 )
 
 __all__ = ["MathTwoAgentEnv", "env", "parse_verdict", "raw_env"]
@@ -190,7 +191,9 @@ class MathTwoAgentEnv(TextAECEnv):
             self._attempts_correct.append(None)
             done = self.solver_turns >= self.max_loops
             return Transition(
-                invalid=not solver_action_is_valid(action), next_agent=None if done else "verifier"
+                invalid=not solver_action_is_valid(action),
+                next_agent=None if done else "verifier",
+                answer=solver_answer(action),
             )
         verdict = parse_verdict(action)
         if verdict is not None:  # the reviewed attempt is the latest one

@@ -67,6 +67,7 @@ from mas_envs.envs.math.common import (
     gsm8k_golden_task,
     require_gold,
     solver_action_is_valid,
+    solver_answer,
 )
 
 __all__ = ["MathFixerEnv", "env", "raw_env"]
@@ -140,7 +141,11 @@ class MathFixerEnv(TextAECEnv):
         self.attempts.append((action, correct))
         fixes = len(self.attempts) - 1
         done = correct or fixes >= self.max_fixes
-        return Transition(invalid=not solver_action_is_valid(action), next_agent=None if done else "fixer")
+        return Transition(
+            invalid=not solver_action_is_valid(action),
+            next_agent=None if done else "fixer",
+            answer=solver_answer(action),
+        )
 
     def episode_outcome(self) -> Outcome:
         correct = bool(self.attempts) and self.attempts[-1][1]

@@ -37,6 +37,7 @@ __all__ = [
     "ActionParse",
     "NotesAfterActionMixin",
     "SearchMetricsMixin",
+    "answer_key",
     "check_retriever_arg",
     "clip_query",
     "contains_answer",
@@ -179,6 +180,12 @@ def golden_answers_of(task: dict[str, Any]) -> list[str]:
             f"{task.get('golden_answers')!r}, answer={task.get('answer')!r}"
         )
     return golds
+
+
+def answer_key(answer: str | None) -> str | None:
+    """An answer in the form exact match compares (SQuAD normalisation: ``"The Eiffel Tower."`` →
+    ``"eiffel tower"``), the envs' ``Transition.answer``; ``None`` stays ``None``."""
+    return None if answer is None else normalize_answer(answer)
 
 
 def score_answer(answer: str | None, task: dict[str, Any]) -> tuple[float, float]:

@@ -45,6 +45,7 @@ from mas_envs.core import GoldenEpisode, Outcome, Transition, wrap
 
 from .base import SearchEnv
 from .common import (
+    answer_key,
     golden_answers_of,
     information_block,
     parse_action,
@@ -125,7 +126,7 @@ class SearchOneAgentEnv(SearchEnv):
         if parsed.kind == "answer":
             self.answer = parsed.content
             self.role_scores[self.turn] = score_answer(self.answer, self.current_task)[0]
-            return Transition(invalid=parsed.invalid, next_agent=None)
+            return Transition(invalid=parsed.invalid, next_agent=None, answer=answer_key(self.answer))
         if parsed.kind == "search" and parsed.content:
             body = self._search(parsed.content)
             self.num_searches += 1

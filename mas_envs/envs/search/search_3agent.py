@@ -88,6 +88,7 @@ from mas_envs.core import GoldenEpisode, Outcome, Transition, wrap
 
 from .base import SearchEnv
 from .common import (
+    answer_key,
     clip_query,
     first_block,
     golden_answers_of,
@@ -237,7 +238,7 @@ class SearchThreeAgentEnv(SearchEnv):
         parsed = parse_action(action, allowed=("answer",))
         self.answer = parsed.content if parsed.kind == "answer" else None
         self.role_scores[self.turn] = score_answer(self.answer, self.current_task)[0]
-        return Transition(invalid=parsed.invalid, next_agent=None)
+        return Transition(invalid=parsed.invalid, next_agent=None, answer=answer_key(self.answer))
 
     def episode_outcome(self) -> Outcome:
         em, f1 = score_answer(self.answer, self.current_task)
