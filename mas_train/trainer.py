@@ -238,6 +238,7 @@ class MultiGroupTrainer:
                 tasks,
                 k=k,
                 sampling=eval_sampling(self.resolved),
+                tasks_per_batch=self.cfg.eval_tasks_per_batch,
                 progress=tick,
                 on_batch=rec.add if rec else None,
             )

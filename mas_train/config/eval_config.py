@@ -127,7 +127,11 @@ class EvalConfig:
     max_new_tokens: int | None = _help(
         "Tokens per agent turn. None = the run's eval_sampling (each agent's own by default).", default=None
     )
-    tasks_per_batch: int = _help("Tasks rolled out together (bounds memory).", default=8)
+    tasks_per_batch: int | None = _help(
+        "Tasks rolled out together (bounds memory). None = with --checkpoint the run's eval_tasks_per_batch (the "
+        "episodes' seeds depend on it), else 16.",
+        default=None,
+    )
     data_fields: dict[str, str] = _help(
         "Column renames for a custom data file, task field -> column (e.g. question=problem,answer=solution).",
         default_factory=dict,
@@ -162,7 +166,7 @@ class EvalConfig:
             )
         check_min("k", self.k, 1, none_ok=True)
         check_min("num_tasks", self.num_tasks, 0, none_ok=True)
-        check_min("tasks_per_batch", self.tasks_per_batch, 1)
+        check_min("tasks_per_batch", self.tasks_per_batch, 1, none_ok=True)
         check_min("log_episodes", self.log_episodes, 0, none_ok=True)
         check_min("max_new_tokens", self.max_new_tokens, 1, none_ok=True)
         if self.temperature is not None and self.temperature < 0:

@@ -160,11 +160,10 @@ class TrainConfig:
     num_generations: int = _help("G: trajectories sampled per task (the task group).", default=4)
     tasks_per_step: int = _help("Distinct tasks per training step.", default=1)
     task_pool: TaskPoolConfig = _help(
-        "Tasks drawn by recent solve rate (enabled, ema, pools).", default_factory=TaskPoolConfig
+        "Tasks drawn by solve rate (enabled, ema, pools).", default_factory=TaskPoolConfig
     )
     dynamic_sampling: DynamicSamplingConfig = _help(
-        "Keep task groups with signal only (enabled, oversample, max_rounds, std_tol).",
-        default_factory=DynamicSamplingConfig,
+        "Keep task groups with signal only.", default_factory=DynamicSamplingConfig
     )
     advantage_mode: str = _help(
         "drmas: per-agent mean and std (Dr. MAS eq. 5); grpo: global (eq. 2); agent_mean: (mu_k, sigma); "
@@ -243,6 +242,7 @@ class TrainConfig:
     )
     eval_k: int = _help("Samples per eval task for avg@k / pass@k.", default=4)
     eval_num_tasks: int | None = _help("Eval tasks per evaluation. None = all.", default=2)
+    eval_tasks_per_batch: int = _help("Eval tasks rolled out together (memory vs speed).", default=16)
     eval_sampling: EvalSamplingConfig = _help(
         "Sampling of every agent during evaluation (each agent keeps its own max_new_tokens unless set here).",
         default_factory=EvalSamplingConfig,
@@ -307,6 +307,7 @@ class TrainConfig:
             ("save_steps", 0),
             ("eval_steps", 0),
             ("eval_k", 1),
+            ("eval_tasks_per_batch", 1),
         ):
             check_min(name, getattr(self, name), minimum)
         check_min("eval_num_tasks", self.eval_num_tasks, 1, none_ok=True)

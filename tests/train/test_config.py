@@ -866,7 +866,7 @@ def test_eval_config_parses_the_mas_eval_flags():
         2,
         5,
         {"max_loops": 3},
-        8,
+        None,  # the checkpoint's eval_tasks_per_batch (episode seeds depend on it), else 16
     )
     assert (e.temperature, e.top_p, e.max_new_tokens, e.initial) == (None, None, None, False)
     assert parse_eval_args(["--checkpoint", "runs/x", "--initial"]).initial is True
@@ -1032,6 +1032,19 @@ ADDED_SINCE_DDC0558 = {
     "advantage_stats": "paper",
     "log_episodes": 4,
     "log_eval_episodes": 16,
+    # issue 41: the task pool and dynamic sampling, off; evaluation rolls out 16 tasks at a time (was 8)
+    "eval_tasks_per_batch": 16,
+    "task_pool": {
+        "enabled": False,
+        "ema": 0.5,
+        "unseen_weight": 1.0,
+        "pools": {
+            "easy": {"min": 1.0, "max": 1.0, "weight": 0.1},
+            "hard": {"min": 0.0, "max": 0.0, "weight": 0.1},
+            "normal": {"min": 0.0, "max": 1.0, "weight": 1.0},
+        },
+    },
+    "dynamic_sampling": {"enabled": False, "oversample": 1.5, "max_rounds": 3, "std_tol": 1e-06},
 }
 # dtype pinned to float32 (bf16 learned less on a CPU with native bf16): ddc0558's "auto" was fp32 on every CPU
 PLAIN_RUN_AT_DDC0558 = {**PLAIN_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558, "dtype": "float32"}
