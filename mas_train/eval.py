@@ -72,7 +72,7 @@ def evaluate(
     k: int,
     sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,
     seed_step: int = EVAL_SEED_STEP,
-    tasks_per_batch: int = 16,
+    tasks_per_batch: int = 8,
     progress: Callable[[int, int], object] | None = None,
     on_batch: Callable[[RolloutBatch], object] | None = None,
 ) -> dict[str, float]:

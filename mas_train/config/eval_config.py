@@ -129,7 +129,7 @@ class EvalConfig:
     )
     tasks_per_batch: int | None = _help(
         "Tasks rolled out together (bounds memory). None = with --checkpoint the run's eval_tasks_per_batch (the "
-        "episodes' seeds depend on it), else 16.",
+        "episodes' seeds depend on it), else 8.",
         default=None,
     )
     data_fields: dict[str, str] = _help(

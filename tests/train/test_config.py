@@ -866,7 +866,7 @@ def test_eval_config_parses_the_mas_eval_flags():
         2,
         5,
         {"max_loops": 3},
-        None,  # the checkpoint's eval_tasks_per_batch (episode seeds depend on it), else 16
+        None,  # the checkpoint's eval_tasks_per_batch (episode seeds depend on it), else 8
     )
     assert (e.temperature, e.top_p, e.max_new_tokens, e.initial) == (None, None, None, False)
     assert parse_eval_args(["--checkpoint", "runs/x", "--initial"]).initial is True
@@ -891,7 +891,7 @@ def test_mas_eval_of_a_checkpoint_defaults_to_the_runs_evaluation_size():
     ("argv", "match"),
     [
         (["--num_tasks", "-1"], r"^num_tasks must be >= 0 or None, got -1$"),
-        (["--tasks_per_batch", "0"], r"^tasks_per_batch must be >= 1, got 0$"),
+        (["--tasks_per_batch", "0"], r"^tasks_per_batch must be >= 1 or None, got 0$"),
         (["--checkpoint", "a", "--model", "b"], "not both"),
         (["--initial"], "give --checkpoint"),
         (["--k", "x"], r"k: cannot read 'x' as int"),
@@ -1032,8 +1032,8 @@ ADDED_SINCE_DDC0558 = {
     "advantage_stats": "paper",
     "log_episodes": 4,
     "log_eval_episodes": 16,
-    # issue 41: the task pool and dynamic sampling, off; evaluation rolls out 16 tasks at a time (was 8)
-    "eval_tasks_per_batch": 16,
+    # issue 41: evaluation batching now a setting (8 tasks at a time, as before); task pool and dynamic sampling off
+    "eval_tasks_per_batch": 8,
     "task_pool": {
         "enabled": False,
         "ema": 0.5,
