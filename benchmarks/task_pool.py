@@ -32,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
 from _common import emit
 
 AFTER = {"task_pool": {"enabled": True}, "dynamic_sampling": {"enabled": True}}
@@ -52,17 +53,18 @@ def run_summary(run: Path) -> dict[str, float]:
         )
     key = next(k for k in evals[0] if k.startswith("eval/avg@") and k.count("/") == 1)
     gain = float(evals[-1][key] - evals[0][key])
-    n_gen = sum(
-        r.get("sampling/episodes_generated", r.get("charts/num_trajectories", 0.0)) for r in steps.values()
-    )
+    if all("sampling/episodes_generated" in r for r in steps.values()):
+        n_gen = sum(r["sampling/episodes_generated"] for r in steps.values())
+    else:  # a run from before the sampling/ metrics: tasks_per_step x num_generations episodes a step
+        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}
+        n_gen = len(steps) * float(cfg.get("tasks_per_step", 1) * cfg.get("num_generations", 1))
+    tokens = [r["sampling/update_tokens"] for r in steps.values() if "sampling/update_tokens" in r]
     saturated = sum(r.get("sampling/saturated_episodes", 0.0) for r in steps.values())
     return {
         "episodes": float(n_gen),
         "gain": gain,
         "episodes_per_gain": n_gen / (100 * gain) if gain > 0 else math.inf,
-        "update_tokens_per_step": statistics.mean(
-            r.get("sampling/update_tokens", 0.0) for r in steps.values()
-        ),
+        "update_tokens_per_step": statistics.mean(tokens) if tokens else math.nan,  # nan: not logged
         "saturated_frac": saturated / n_gen if n_gen else 0.0,
         "train_s": sum(r["time/step"] for r in steps.values()),
         "eval_s": sum(r.get("eval/seconds", 0.0) for r in evals),

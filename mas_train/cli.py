@@ -173,7 +173,7 @@ def run_eval(ev: EvalConfig, out: TextIO | None = None) -> dict[str, float]:
                 sampling=eval_sampling(
                     resolved, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=ev.max_new_tokens
                 ),
-                tasks_per_batch=ev.tasks_per_batch or (cfg.eval_tasks_per_batch if ckpt else 8),
+                tasks_per_batch=ev.tasks_per_batch or cfg.eval_tasks_per_batch,
                 progress=lambda done, total: bar.update(done - bar.n),
                 on_batch=recorder.add if recorder else None,
             )

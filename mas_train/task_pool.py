@@ -32,6 +32,7 @@ reward metrics still count every episode generated.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -102,12 +103,10 @@ def group_signals(
     out: dict[str, dict[str, CellSignal]] = defaultdict(dict)
     for (group, agent), trajs in per.items():
         rewards = np.array([v[0] / v[1] for v in trajs.values()])
-        mean = float(rewards.mean())
-        std = float(np.sqrt(((rewards - mean) ** 2).mean()))
         out[group][agent] = CellSignal(
             trajectories=len(trajs),
             solve_rate=float(np.mean([v[2] for v in trajs.values()])),
-            signal=std > std_tol * max(1.0, abs(mean)),
+            signal=float(rewards.std()) > std_tol * max(1.0, abs(float(rewards.mean()))),
         )
     return dict(out)
 
@@ -130,9 +129,8 @@ class TaskPool:
         self.seed = seed
         self.ema = float(config.ema)
         self.weights = {UNSEEN: float(config.unseen_weight)}
-        # narrowest band first, then the configured order
-        named = list(config.pools.items())
-        self.bands = sorted(named, key=lambda kv: (kv[1].max - kv[1].min, [n for n, _ in named].index(kv[0])))
+        # narrowest band first; the sort is stable, so equal widths keep the configured order
+        self.bands = sorted(config.pools.items(), key=lambda kv: kv[1].max - kv[1].min)
         self.weights.update({name: float(b.weight) for name, b in config.pools.items()})
         self.rates: dict[int, dict[str, float]] = {}
         self.draws = 0
@@ -188,13 +186,14 @@ class TaskPool:
         return {p: (live.get(p, 0.0) / total if total else 0.0) for p in sizes}
 
     # -- drawing and observing -----------------------------------------------------------------------------
-    def next(self, n: int) -> list[tuple[int, dict[str, object]]]:
-        """Draw ``n`` distinct tasks: ``(index, row)`` pairs (fewer when fewer tasks can be drawn)."""
+    def next(self, n: int, exclude: frozenset[int] = frozenset()) -> list[tuple[int, dict[str, object]]]:
+        """Draw ``n`` distinct tasks, none of ``exclude`` (those an earlier rollout of the same step drew):
+        ``(index, row)`` pairs (fewer when fewer tasks can be drawn)."""
         rng = np.random.default_rng([self.seed, 0x7A5C, self.draws])
         self.draws += 1
         chosen: list[int] = []
         for _ in range(n):
-            exclude = frozenset(chosen)
+            exclude = exclude | frozenset(chosen)
             probs = self.probabilities(exclude)
             pools = [p for p, q in probs.items() if q > 0]
             if not pools:
@@ -282,14 +281,10 @@ def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
 def _keep(batch: RolloutBatch, uids: set[str]) -> RolloutBatch:
     """``batch`` cut to the task groups ``uids`` (counts and times unchanged: they were spent)."""
     keep = [i for i, t in enumerate(batch.trajectories) if t.task_uid in uids]
-    return RolloutBatch(
+    return dataclasses.replace(
+        batch,
         samples=[s for s in batch.samples if s.task_uid in uids],
         trajectories=[batch.trajectories[i] for i in keep],
-        prompt_overflows=dict(batch.prompt_overflows),
-        generate_calls=dict(batch.generate_calls),
-        ticks=batch.ticks,
-        generate_seconds=batch.generate_seconds,
-        env_seconds=batch.env_seconds,
         texts=[batch.texts[i] for i in keep] if batch.texts else [],
     )
 
@@ -326,11 +321,13 @@ def collect_step(
     metrics: dict[str, float] = defaultdict(float)
     zero_cells: dict[str, list[float]] = defaultdict(list)
     missing = tasks_per_step
+    taken: list[int] = []  # pool indices drawn by this step's rollouts: a step never draws a task twice
     max_rounds = dynamic.max_rounds if on and dynamic is not None else 1
     for r in range(max_rounds):
         n = missing if r == 0 or dynamic is None else math.ceil(missing * dynamic.oversample)
         if isinstance(draw, TaskPool):
-            drawn = draw.next(n)
+            drawn = draw.next(n, exclude=frozenset(taken))
+            taken.extend(i for i, _ in drawn)
         else:
             drawn = [(-1, row) for row in draw.next(n)]
         if not drawn:

@@ -85,6 +85,10 @@ class MultiGroupTrainer:
         self.pool = parts.pool
         self.collector = parts.collector
         self.groups = list(resolved.model_groups)
+        # the agents whose turns can reach a loss: the (model group, agent) cells dynamic sampling looks at
+        self.trainable = [
+            a for a, ra in resolved.agents.items() if resolved.model_groups[ra.model_group].trainable
+        ]
         if cfg.log_agent_grad_norms is None:
             self.agent_grad_norms = all(self.pool.worker(g).num_parameters < 1e9 for g in self.groups)
         else:
@@ -124,11 +128,6 @@ class MultiGroupTrainer:
         cfg = self.cfg
         t_start = time.perf_counter()
         weights = {a: ra.reward_weights for a, ra in self.resolved.agents.items()}
-        trainable = [
-            a
-            for a, ra in self.resolved.agents.items()
-            if self.resolved.model_groups[ra.model_group].trainable
-        ]
         got = collect_step(
             self.collector,
             self.sampler,
@@ -136,7 +135,7 @@ class MultiGroupTrainer:
             num_generations=cfg.num_generations,
             step=self.step,
             score=lambda smp: turn_scores(smp, self.penalty, weights),
-            trainable_agents=trainable,
+            trainable_agents=self.trainable,
             dynamic=cfg.dynamic_sampling,
         )
         batch, tasks = got.batch, got.rows
@@ -171,7 +170,7 @@ class MultiGroupTrainer:
                 sum(
                     len(s.prompt_ids) + len(s.completion_ids)
                     for s, a in zip(samples, adv, strict=True)
-                    if a != 0 and s.agent in trainable
+                    if a != 0 and s.agent in self.trainable
                 )
             )
             # Lemma 4.2's inflation factor and noise share of every agent, whatever advantage_mode trains
@@ -283,13 +282,13 @@ class MultiGroupTrainer:
                 f"checkpoint {ckpt} has model groups {state['groups']} but this run has {self.groups}; resume with "
                 "the same model_sharing and agents settings"
             )
-        for g in self.groups:
-            self.pool.worker(g).load(str(ckpt / "groups" / g))
         if isinstance(self.sampler, TaskPool) != ("order" in state["sampler"]):
             raise ValueError(
                 f"checkpoint {ckpt} was saved with task_pool.enabled {not isinstance(self.sampler, TaskPool)}; "
                 "resume with the same task_pool setting"
             )
+        for g in self.groups:
+            self.pool.worker(g).load(str(ckpt / "groups" / g))
         self.sampler.load_state_dict(state["sampler"])  # type: ignore[arg-type]
         set_rng_state(state["rng"])
         self.step = int(state["step"])

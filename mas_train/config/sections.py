@@ -278,6 +278,19 @@ class AgentConfig:
         check_optim(f"agents.{self.name or '<agent>'}", self)
 
 
+def _refuse_unused(section: str, cfg: TaskPoolConfig | DynamicSamplingConfig, names: Sequence[str]) -> None:
+    """A setting of a section that is off would be silently ignored: refuse it (one line saying what to do)."""
+    if cfg.enabled:
+        return
+    default = type(cfg)(enabled=True)  # the defaults (enabled: its own check returns at once)
+    changed = [n for n in names if getattr(cfg, n) != getattr(default, n)]
+    if changed:
+        raise ConfigError(
+            f"{section}.{changed[0]} is set but {section}.enabled is false, so it would do nothing; add "
+            f"--{section}.enabled true (or drop the setting)"
+        )
+
+
 @dataclass
 class PoolBand:
     """A named pool of the task pool: the seen tasks whose recent solve rate lies in ``[min, max]`` (inclusive),
@@ -329,6 +342,7 @@ class TaskPoolConfig:
     )
 
     def __post_init__(self) -> None:
+        _refuse_unused("task_pool", self, ("ema", "unseen_weight", "pools"))
         if not 0.0 < self.ema <= 1.0:
             raise ConfigError(f"task_pool.ema must be in (0, 1], got {self.ema}")
         if self.unseen_weight < 0:
@@ -354,6 +368,8 @@ class DynamicSamplingConfig:
     )
 
     def __post_init__(self) -> None:
+        # std_tol is honoured either way: it also decides the logged sampling/zero_std_cells
+        _refuse_unused("dynamic_sampling", self, ("oversample", "max_rounds"))
         if not math.isfinite(self.oversample) or self.oversample < 1:
             raise ConfigError(f"dynamic_sampling.oversample must be >= 1, got {self.oversample}")
         check_min("dynamic_sampling.max_rounds", self.max_rounds, 1)

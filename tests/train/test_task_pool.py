@@ -181,13 +181,21 @@ def test_pool_resumes_exactly():
 
 def test_config_is_checked():
     with pytest.raises(ConfigError, match="ema must be in"):
-        TaskPoolConfig(ema=0.0)
+        TaskPoolConfig(enabled=True, ema=0.0)
     with pytest.raises(ConfigError, match="0 <= min <= max <= 1"):
         PoolBand(0.8, 0.2, 1.0)
     with pytest.raises(ConfigError, match="no task could be drawn"):
         TaskPoolConfig(enabled=True, unseen_weight=0.0, pools={"easy": PoolBand(1.0, 1.0, 0.0)})
     with pytest.raises(ConfigError, match="oversample must be >= 1"):
-        DynamicSamplingConfig(oversample=0.5)
+        DynamicSamplingConfig(enabled=True, oversample=0.5)
+    # a setting of a section that is off would do nothing: refused, naming the switch
+    with pytest.raises(
+        ConfigError, match=r"^dynamic_sampling.max_rounds is set but dynamic_sampling.enabled"
+    ):
+        DynamicSamplingConfig(max_rounds=5)
+    with pytest.raises(ConfigError, match=r"^task_pool.ema is set but task_pool.enabled is false"):
+        TrainConfig.from_dict({"task_pool": {"ema": 0.3}})
+    assert DynamicSamplingConfig(std_tol=1e-3).std_tol == 1e-3  # also decides the logged zero-std cells
     cfg = TrainConfig.from_dict({"task_pool": {"enabled": True, "pools": {"easy": {"weight": 0.3}}}})
     assert cfg.task_pool.pools["easy"] == PoolBand(1.0, 1.0, 0.3)
     assert cfg.task_pool.pools["normal"] == PoolBand(0.0, 1.0, 1.0)
@@ -267,8 +275,15 @@ def test_without_dynamic_sampling_every_group_is_kept():
 
 def test_the_pool_learns_solve_rates_from_the_step():
     pool = TaskPool(ROWS, seed=0, config=TaskPoolConfig(enabled=True))
-    _col, got = _step(DynamicSamplingConfig(enabled=True), draw=pool)
-    seen = {ROWS[i]["id"]: pool.task_rate(i) for i in pool.rates}
-    expected = {"A": 1.0, "B": 0.5, "C": 0.0, "D": 0.75, "E": 0.25}
-    assert seen == {k: expected[k] for k in seen} and len(seen) >= 2
-    assert got.metrics["task_pool/size/unseen"] == 5 - len(seen)
+    col, got = _step(DynamicSamplingConfig(enabled=True), draw=pool)
+    # round 0 draws C (no signal) and E; round 1 must not draw E again although it is now a seen "normal" task
+    assert [ids for ids, _step_seed, _prefix in col.calls] == [["C", "E"], ["D", "A"]]
+    assert [r["id"] for r in got.rows] == ["E", "D"]
+    assert {ROWS[i]["id"]: pool.task_rate(i) for i in pool.rates} == {
+        "A": 1.0,
+        "C": 0.0,
+        "D": 0.75,
+        "E": 0.25,
+    }
+    assert pool.sizes() == {"easy": 1, "hard": 1, "normal": 2, "unseen": 1}
+    assert got.metrics["task_pool/size/unseen"] == 1
