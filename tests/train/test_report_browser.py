@@ -182,6 +182,7 @@ def test_report_of_a_real_run_filters_and_compares(browser, run_dir, tmp_path):
     card = page.locator("details.episode").first
     card.locator("summary").click()
     turns = card.locator(".turn")
+    turns.first.wait_for()  # the card renders its turns on opening: count them once they are there
     assert turns.count() == len(first["transcript"])
     for i, t in enumerate(first["transcript"]):
         assert turns.nth(i).locator("pre.text").first.text_content() == (t["text"] or "(empty)")
