@@ -14,8 +14,8 @@ training starts, since its results would be reported as this comparison's: use a
 move it aside and train it again.
 
 The report (``DIR/summary.md``, ``DIR/summary.json``, ``DIR/reward.png``, ``DIR/grad_norm_<agent>.png``,
-``DIR/lemma_factor.png``, and ``DIR/report.html``: ``mas-report``'s comparison page, linking each run's
-``report.html``) groups runs by ``advantage_mode`` (from each run's ``config.yaml``) and gives, per mode,
+``DIR/lemma_factor.png``, ``DIR/noise_share.png``, ``DIR/lld.png``, and ``DIR/report.html``: ``mas-report``'s
+comparison page, linking each run's ``report.html``) groups runs by ``advantage_mode`` (from each run's ``config.yaml``) and gives, per mode,
 mean ± std over seeds (sample std, ``ddof=1``; none with one seed) of:
 
 * the final eval ``avg@k`` and ``pass@k`` (the last eval line) and the gain ``avg@k`` last − first eval line
@@ -23,7 +23,13 @@ mean ± std over seeds (sample std, ``ddof=1``; none with one seed) of:
 * per agent, the median, 95th percentile and max of ``losses/grad_norm/<agent>`` over the steps, and the number
   of *spike steps*: a step whose norm exceeds 3x the median of the norms of the up to 10 steps before it (the
   first step, having none before it, is never a spike);
-* per agent, the mean over steps of the Lemma 4.2 factor ``lemma/factor/<agent>``;
+* per agent, beside the norms, the mean fraction of its samples with zero advantage because the std the mode
+  divides by was 0 (``charts/advantage/zero_std_frac/<agent>``: a small norm there can mean "starved", not
+  "stable");
+* per agent, the mean over steps of the Lemma 4.2 factor ``lemma/factor/<agent>``, of the noise share
+  ``lemma/noise_share/<agent>`` and of the mean advantage ``charts/advantage/mean/<agent>``;
+* per agent, the LLD probe ``lld/success_logp/<agent>`` at the start and the end (means of the first and last 3
+  steps) and its change;
 * whether the factor predicts the norms: Spearman's rank correlation between ``lemma/factor/<agent>`` and
   ``losses/grad_norm/<agent>`` over the (run, step, agent) points of the mode where both are logged and the norm
   is non-zero (pooled over seeds and agents; ties get their average rank);

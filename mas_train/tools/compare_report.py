@@ -20,6 +20,7 @@ import yaml
 from mas_train.tools.plots import RunMetrics, load_run
 
 __all__ = [
+    "LLD_WINDOW",
     "SPIKE_FACTOR",
     "SPIKE_WINDOW",
     "RunSummary",
@@ -31,6 +32,8 @@ __all__ = [
 
 SPIKE_FACTOR = 3.0
 SPIKE_WINDOW = 10
+#: Steps averaged at each end of the LLD curve (``lld/success_logp/<agent>``) for its first / last value.
+LLD_WINDOW = 3
 EVAL_KEY = re.compile(r"^eval/(avg|pass)@(\d+)$")
 
 
@@ -56,6 +59,16 @@ class RunSummary:
         grad: per agent ``{"median", "p95", "max", "spikes", "steps"}`` of ``losses/grad_norm/<agent>``.
         factor: per agent, mean of ``lemma/factor/<agent>`` over steps.
         factor_norm: ``(factor, grad norm)`` of every (step, agent) where both are logged and the norm is > 0.
+        zero_std: per agent, mean over steps of ``charts/advantage/zero_std_frac/<agent>``: the fraction of the
+            agent's samples whose advantage was 0 because the std the mode divides by was 0 (no gradient from
+            them), to read beside its norms.
+        noise_share: per agent, mean over the steps where it is defined of ``lemma/noise_share/<agent>``
+            = (μ_k − μ)² / (σ_k² + (μ_k − μ)²), the constant-offset part of GRPO's E[A²].
+        adv_mean: per agent, mean over steps of ``charts/advantage/mean/<agent>`` (the advantage the agent's
+            samples were trained on; 0 on average under per-agent normalisation).
+        lld: per agent ``{"first", "last", "change"}`` of ``lld/success_logp/<agent>`` (mean per-token
+            log-probability, nats, of the agent's turns in successful trajectories): the means of its first and
+            last :data:`LLD_WINDOW` logged steps and last − first (negative = falling, the LLD signature).
     """
 
     run_dir: str
@@ -68,6 +81,10 @@ class RunSummary:
     grad: dict[str, dict[str, float]] = field(default_factory=dict)
     factor: dict[str, float] = field(default_factory=dict)
     factor_norm: list[tuple[float, float]] = field(default_factory=list)
+    zero_std: dict[str, float] = field(default_factory=dict)
+    noise_share: dict[str, float] = field(default_factory=dict)
+    adv_mean: dict[str, float] = field(default_factory=dict)
+    lld: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -134,6 +151,18 @@ def summarize_run(run_dir: str | Path, metrics: RunMetrics | None = None) -> Run
         s.factor_norm += [
             (f, norm_at[st]) for st, f in zip(*m.get(key), strict=True) if norm_at.get(st, 0) > 0
         ]
+    for attr, prefix in (
+        ("zero_std", "charts/advantage/zero_std_frac/"),
+        ("noise_share", "lemma/noise_share/"),
+        ("adv_mean", "charts/advantage/mean/"),
+    ):
+        for key in m.keys(prefix):
+            if values := m.get(key)[1]:
+                getattr(s, attr)[key[len(prefix) :]] = float(np.mean(values))
+    for key in m.keys("lld/success_logp/"):
+        if values := m.get(key)[1]:
+            first, last = float(np.mean(values[:LLD_WINDOW])), float(np.mean(values[-LLD_WINDOW:]))
+            s.lld[key.split("/", 2)[2]] = {"first": first, "last": last, "change": last - first}
     return s
 
 
@@ -183,6 +212,10 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
             raise ValueError(f"runs of mode {mode} were evaluated with different k {sorted(k_set)}")
         agents = list(dict.fromkeys(a for r in rs for a in r.grad))
         f_agents = list(dict.fromkeys(a for r in rs for a in r.factor))
+
+        def agents_of(attr: str, rs: list[RunSummary] = rs) -> list[str]:
+            return list(dict.fromkeys(a for r in rs for a in getattr(r, attr)))
+
         modes[mode] = {
             "seeds": [r.seed for r in rs],
             "runs": [r.run_dir for r in rs],
@@ -198,6 +231,17 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
                 for a in agents
             },
             "factor": {a: _agg([r.factor.get(a) for r in rs]) for a in f_agents},
+            **{
+                attr: {a: _agg([getattr(r, attr).get(a) for r in rs]) for a in agents_of(attr)}
+                for attr in ("zero_std", "noise_share", "adv_mean")
+            },
+            "lld": {
+                a: {
+                    st: _agg([r.lld[a][st] if a in r.lld else None for r in rs])
+                    for st in ("first", "last", "change")
+                }
+                for a in agents_of("lld")
+            },
             "factor_norm_spearman": {
                 "rho": spearman(*zip(*pts, strict=True))
                 if (pts := [p for r in rs for p in r.factor_norm])
@@ -261,19 +305,40 @@ def _markdown(modes: dict[str, Any], ranking: str, files: Sequence[Path], out: P
     lines += [
         "",
         f"Gradient norm per agent (`losses/grad_norm/<agent>` over steps). Spike = a step whose norm exceeds "
-        f"{SPIKE_FACTOR:g}x the median of the previous {SPIKE_WINDOW} steps. Factor = mean Lemma 4.2 factor "
-        "`lemma/factor/<agent>` (1 = a global baseline costs the agent nothing).",
+        f"{SPIKE_FACTOR:g}x the median of the previous {SPIKE_WINDOW} steps. Zero-std = the fraction of the "
+        "agent's samples whose advantage was 0 because the std the mode divides by was 0 (they add no gradient; "
+        "read the norms beside it). Factor = mean Lemma 4.2 factor `lemma/factor/<agent>` (1 = a global baseline "
+        "costs the agent nothing); noise share = mean (μ_k − μ)² / (σ_k² + (μ_k − μ)²), the part of GRPO's E[A²] "
+        "that is a constant offset; mean adv. = mean advantage of the agent's samples.",
         "",
-        "| mode | agent | median | p95 | max | spike steps | lemma factor |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | agent | median | p95 | max | spike steps | zero-std | lemma factor | noise share | mean adv. |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, m in modes.items():
         for a in dict.fromkeys([*m["grad"], *m["factor"]]):
             g = m["grad"].get(a)
             cells = [_fmt(g[st]) for st in ("median", "p95", "max")] if g else ["–"] * 3
             cells.append(_fmt(g["spikes"], 1) if g else "–")
-            cells.append(_fmt(m["factor"][a]) if a in m["factor"] else "–")
+            cells += [
+                _fmt(m[attr][a]) if a in m[attr] else "–" for attr in ("zero_std", "factor", "noise_share")
+            ]
+            cells.append(_fmt(m["adv_mean"][a]) if a in m["adv_mean"] else "–")
             lines.append(f"| {mode} | {a} | " + " | ".join(cells) + " |")
+    if any(m["lld"] for m in modes.values()):
+        lines += [
+            "",
+            "Likelihood of success (`lld/success_logp/<agent>`: mean per-token log-probability, nats, of the agent's "
+            f"turns in successful trajectories), mean of the first and last {LLD_WINDOW} steps. A falling value is "
+            "the signature of Lazy Likelihood Displacement (arXiv 2512.04220).",
+            "",
+            "| mode | agent | first | last | change |",
+            "|---|---|---|---|---|",
+        ]
+        for mode, m in modes.items():
+            for a, v in m["lld"].items():
+                lines.append(
+                    f"| {mode} | {a} | {_fmt(v['first'])} | {_fmt(v['last'])} | {_fmt(v['change'])} |"
+                )
     lines += [
         "",
         "Does the factor predict the norms? Spearman's ρ between `lemma/factor/<agent>` and "
@@ -388,6 +453,33 @@ def _report_plots(
             "Lemma 4.2 factor per agent",
             out / "lemma_factor.png",
             hline=1.0,
+        )
+    )
+    ns_agents = list(
+        dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lemma/noise_share/"))
+    )
+    figs.append(
+        _band_figure(
+            by_mode,
+            metrics,
+            [
+                (a, f"lemma/noise_share/{a}", r"$(\mu_k - \mu)^2 / (\sigma_k^2 + (\mu_k - \mu)^2)$")
+                for a in ns_agents
+            ],
+            "Noise share per agent: the constant-offset part of GRPO's E[A²]",
+            out / "noise_share.png",
+        )
+    )
+    lld_agents = list(
+        dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lld/success_logp/"))
+    )
+    figs.append(
+        _band_figure(
+            by_mode,
+            metrics,
+            [(a, f"lld/success_logp/{a}", "mean log-prob per token (nats)") for a in lld_agents],
+            "Likelihood of the agents' turns in successful trajectories (falling = LLD)",
+            out / "lld.png",
         )
     )
     return [p for p in figs if p is not None]

@@ -22,12 +22,16 @@ def write_fake_run(
     extra_keys: bool = True,
     max_steps: int | None = None,
     diversity: bool = False,
+    diagnostics: bool = False,
 ) -> Path:
     """A run folder: ``steps`` training lines, eval lines ``(step, avg@4, pass@4)``, and a ``config.yaml``.
 
     ``grad_norms[agent][i]`` is ``losses/grad_norm/<agent>`` at step i + 1 (default a smooth curve per agent).
     ``diversity``: also ``diversity/…`` keys (G = 4: the solver's first turns collapse from 4 to 1, its answers
     from 3 to 1; the verifier's stay at 2) and ``num_generations: 4`` in the config.
+    ``diagnostics``: per agent in ``grad_norms`` also, at step i + 1, ``charts/advantage/zero_std_frac`` 0.5 on odd
+    i else 0 (mean 0.25), ``lemma/noise_share`` 0.02·i (mean 0.11), ``charts/advantage/mean`` −0.1 for the
+    verifier else 0, ``lld/success_logp`` −1 − 0.1·i (first three steps −1.1, last three −2.0).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     grad_norms = grad_norms or {
@@ -48,6 +52,11 @@ def write_fake_run(
             if extra_keys:
                 rec[f"charts/invalid_rate/{a}"] = max(0.0, 0.5 - 0.03 * step)
                 rec[f"lemma/factor/{a}"] = factor.get(a, 1.0) + 0.01 * i
+            if diagnostics:
+                rec[f"charts/advantage/zero_std_frac/{a}"] = 0.5 * (i % 2)
+                rec[f"lemma/noise_share/{a}"] = 0.02 * i
+                rec[f"charts/advantage/mean/{a}"] = -0.1 if a == "verifier" else 0.0
+                rec[f"lld/success_logp/{a}"] = -1.0 - 0.1 * i
         if diversity:
             rec["diversity/distinct/solver"] = 4.0 - 3.0 * i / max(1, steps - 1)
             rec["diversity/distinct_frac/solver"] = rec["diversity/distinct/solver"] / 4

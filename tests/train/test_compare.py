@@ -48,7 +48,7 @@ def test_summarize_run_exact_numbers(tmp_path):
     assert s.factor["solver"] == pytest.approx(2.0 + 0.01 * np.mean(range(12)))
 
 
-def _fake_grid(root):
+def _fake_grid(root, diagnostics=False):
     dirs = []
     for mode, norms, evals in [
         ("grpo", SPIKY, [((0, 0.25, 0.5), (12, 0.5, 0.75)), ((0, 0.25, 0.5), (12, 0.25, 0.5))]),
@@ -57,14 +57,21 @@ def _fake_grid(root):
         for seed, ev in enumerate(evals):
             grads = {"solver": norms, "verifier": [2.0] * 12}
             dirs.append(
-                write_fake_run(root / f"{mode}{seed}", mode=mode, seed=seed, grad_norms=grads, evals=ev)
+                write_fake_run(
+                    root / f"{mode}{seed}",
+                    mode=mode,
+                    seed=seed,
+                    grad_norms=grads,
+                    evals=ev,
+                    diagnostics=diagnostics,
+                )
             )
     return dirs
 
 
 def test_report_from_fake_runs(tmp_path):
     out = tmp_path / "report"
-    summary = build_report(_fake_grid(tmp_path), out)
+    summary = build_report(_fake_grid(tmp_path, diagnostics=True), out)
     grpo, drmas = summary["modes"]["grpo"], summary["modes"]["drmas"]
     assert grpo["seeds"] == [0, 1] and grpo["k"] == 4
     assert grpo["final_avg"]["mean"] == pytest.approx(0.375)
@@ -82,10 +89,25 @@ def test_report_from_fake_runs(tmp_path):
     )
     md = (out / "summary.md").read_text()
     assert "| grpo | 0,1 | 0.375 ± 0.177 (k=4) | 0.625 ± 0.177 | 0.125 ± 0.177 |" in md
+    # zero-std 0.25, factor 1.055, noise share 0.11, mean advantage 0 (solver) / -0.1 (verifier), all over 12 steps
     assert (
-        "| grpo | solver | 1.000 ± 0.000 | 6.800 ± 0.000 | 9.000 ± 0.000 | 2.0 ± 0.0 | 1.055 ± 0.000 |" in md
+        "| grpo | solver | 1.000 ± 0.000 | 6.800 ± 0.000 | 9.000 ± 0.000 | 2.0 ± 0.0 | 0.250 ± 0.000 "
+        "| 1.055 ± 0.000 | 0.110 ± 0.000 | 0.000 ± 0.000 |" in md
     )
-    for name in ["reward.png", "grad_norm_solver.png", "grad_norm_verifier.png", "lemma_factor.png"]:
+    assert grpo["adv_mean"]["verifier"]["mean"] == pytest.approx(-0.1)
+    assert grpo["zero_std"]["verifier"]["values"] == [0.25, 0.25]
+    # LLD: -1 - 0.1 i; steps 1-3 average -1.1, steps 10-12 average -2.0
+    assert drmas["lld"]["solver"]["first"]["mean"] == pytest.approx(-1.1)
+    assert drmas["lld"]["solver"]["change"]["mean"] == pytest.approx(-0.9)
+    assert "| drmas | verifier | -1.100 ± 0.000 | -2.000 ± 0.000 | -0.900 ± 0.000 |" in md
+    for name in [
+        "reward.png",
+        "grad_norm_solver.png",
+        "grad_norm_verifier.png",
+        "lemma_factor.png",
+        "noise_share.png",
+        "lld.png",
+    ]:
         assert (out / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in md
     # drmas, pooled over 2 seeds x 2 agents x 12 steps: the 24 solver points (factor 1.00..1.11, norm 1) all rank
     # below the 24 verifier points (1.50..1.61, norm 2). Factor ranks are 1.5, 3.5, ..., 47.5 (each twice; 24
