@@ -455,6 +455,7 @@ def _report_plots(
             hline=1.0,
         )
     )
+    figs.append(_factor_norm_figure(by_mode, metrics, f_agents, out / "factor_vs_norm.png"))
     ns_agents = list(
         dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lemma/noise_share/"))
     )
@@ -483,3 +484,69 @@ def _report_plots(
         )
     )
     return [p for p in figs if p is not None]
+
+
+def _factor_norm_figure(
+    by_mode: dict[str, list[RunSummary]], metrics: dict[str, RunMetrics], agents: Sequence[str], path: Path
+) -> Path | None:
+    """One panel per agent: each (run, step) as a point (Lemma 4.2 factor, gradient norm), coloured by mode.
+
+    The factor is a property of the batch's rewards, not of the mode, so the modes share the x axis: where a
+    global baseline inflates an agent, its norms under ``grpo`` rise with the factor and those under ``drmas``
+    do not. Steps where the agent got no gradient at all (norm 0: every sample's advantage was 0) are drawn as
+    crosses on the x axis, since a low norm there means starved, not stable.
+    """
+    from mas_train.tools.plots import pyplot
+
+    panels = [
+        a
+        for a in agents
+        if any(metrics[r.run_dir].get(f"losses/grad_norm/{a}")[0] for rs in by_mode.values() for r in rs)
+    ]
+    if not panels:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(max(7.0, 5.2 * len(panels)), 4.4), squeeze=False, constrained_layout=True
+    )
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, a in zip(axes.flat, panels, strict=True):
+        for j, (mode, rs) in enumerate(by_mode.items()):
+            pts = []
+            for r in rs:
+                m = metrics[r.run_dir]
+                norm_at = dict(zip(*m.get(f"losses/grad_norm/{a}"), strict=True))
+                pts += [
+                    (f, norm_at[st])
+                    for st, f in zip(*m.get(f"lemma/factor/{a}"), strict=True)
+                    if st in norm_at
+                ]
+            if not pts:
+                continue
+            x, y = np.array(pts).T
+            c = colors[j % len(colors)]
+            live = y > 0
+            ax.scatter(x[live], y[live], s=18, alpha=0.7, color=c, label=f"{mode} ({int(live.sum())} steps)")
+            if (~live).any():
+                ax.scatter(
+                    x[~live],
+                    y[~live],
+                    s=28,
+                    marker="x",
+                    color=c,
+                    label=f"{mode}: no gradient ({int((~live).sum())})",
+                )
+        ax.axvline(1.0, color="k", lw=0.8, ls=":")
+        ax.set_title(a, fontsize=10)
+        ax.set_xlabel("Lemma 4.2 factor of the step (1 = no inflation)")
+        ax.set_ylabel("gradient L2 norm")
+        ax.set_ylim(bottom=-0.03 * ax.get_ylim()[1])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        "Does a global baseline inflate the norm where the factor says? (one point per run and step)",
+        fontsize=11,
+    )
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -107,6 +107,7 @@ def test_report_from_fake_runs(tmp_path):
         "lemma_factor.png",
         "noise_share.png",
         "lld.png",
+        "factor_vs_norm.png",
     ]:
         assert (out / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in md
     # drmas, pooled over 2 seeds x 2 agents x 12 steps: the 24 solver points (factor 1.00..1.11, norm 1) all rank
