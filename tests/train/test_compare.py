@@ -286,7 +286,7 @@ def test_tiny_two_modes_as_concurrent_ray_tasks(tmp_path, tiny_qwen3_path, monke
 def test_mode_band_keeps_steps_a_seed_did_not_log():
     from pathlib import Path
 
-    from mas_train.tools.compare_report import _mode_band
+    from mas_train.tools.compare_plots import _mode_band
     from mas_train.tools.plots import RunMetrics
 
     a = RunMetrics(Path("a"), "a", {"k": ([1, 2, 3], [1.0, 2.0, 3.0])})
