@@ -268,6 +268,72 @@ class HFBackend(DecodeLoop):
                     results[i] = out
         return results  # type: ignore[return-value]
 
+    @property
+    def can_score(self) -> bool:
+        """:class:`~mas_train.backends.base.LogprobScorer`: this backend scores completions (:meth:`score`)."""
+        return True
+
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """The model's per-token log-probabilities of given completions (teacher forcing): one forward pass
+        per batch of at most ``max_batch_size`` rows, left-padded, no KV cache, in eval mode.
+
+        Each value is ``log_softmax(logits)[token]`` at temperature 1 with no truncation (natural log, fp32):
+        the model's own distribution, the quantity :class:`GenerationOutput` reports for a greedy completion.
+
+        Args:
+            prompt_ids: N non-empty prompts of token ids.
+            completion_ids: N completions of token ids (an empty one scores ``[]``).
+
+        Returns:
+            N lists of floats, ``len(completion_ids[i])`` each, in order.
+
+        Raises:
+            ValueError: ``len(completion_ids) != N``, an empty prompt, or an id outside ``[0, vocab_size)``.
+            RuntimeError: the backend is asleep or closed.
+        """
+        self._check_usable()
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        comps = [list(map(int, c)) for c in completion_ids]
+        if len(comps) != len(prompts):
+            raise ValueError(f"got {len(comps)} completions for {len(prompts)} prompts; pass one per prompt")
+        for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+            if not p:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if min(p + c) < 0 or max(p + c) >= self.vocab_size:
+                raise ValueError(f"prompt or completion {i} has token ids outside [0, {self.vocab_size})")
+        out: list[list[float]] = [[] for _ in prompts]
+        rows = [i for i, c in enumerate(comps) if c]
+        step = self.max_batch_size or max(len(rows), 1)
+        with torch.inference_mode(), self._eval_mode():
+            for start in range(0, len(rows), step):
+                idx = rows[start : start + step]
+                seqs = [prompts[i] + comps[i] for i in idx]
+                width = max(map(len, seqs))
+                keep = max(len(comps[i]) for i in idx)
+                ids = torch.full((len(idx), width), self.pad_token_id, dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for r, seq in enumerate(seqs):  # left padding: every completion ends at the last column
+                    ids[r, width - len(seq) :] = torch.tensor(seq)
+                    mask[r, width - len(seq) :] = 1
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                kwargs: dict[str, Any] = {"use_cache": False}
+                if self._keep_last_logits:
+                    kwargs["logits_to_keep"] = keep + 1  # the logits that predict the last `keep` tokens
+                logits = self._model(
+                    input_ids=ids.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    position_ids=pos.to(self.device),
+                    **kwargs,
+                ).logits[:, -(keep + 1) : -1]
+                logps = torch.log_softmax(logits.float(), dim=-1)
+                for r, i in enumerate(idx):
+                    t = len(comps[i])
+                    target = torch.tensor(comps[i], device=logps.device)[:, None]
+                    out[i] = logps[r, keep - t :].gather(1, target)[:, 0].tolist()
+        return out
+
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
     ) -> int:
