@@ -267,7 +267,7 @@ class ExactEvaluation:
         metrics: name -> float, logged as ``eval/<name>`` beside the sampled evaluation's metrics (names use
             letters, digits, ``_`` and ``/``).
         artifacts: name -> a JSON-able value (e.g. a policy table); a trainer writes each to
-            ``<run>/evals/<name>_step<N>.json``, ``mas-eval`` beside its ``--output`` file.
+            ``<run>/evals/<name>_step-<NNNNNN>.json``, ``mas-eval`` beside its ``--output`` file.
         table: the artifacts as plain text for a terminal (``mas-eval`` prints it); ``""`` for none.
     """
 

@@ -14,7 +14,7 @@ training step, so evaluations at different steps see the same random numbers (a 
 An env may also have an exact evaluation (:meth:`mas_envs.core.TextAECEnv.exact_evaluation`, e.g. Kuhn poker's
 exploitability): :func:`evaluate` runs it after the episodes, scoring the env's given replies with each agent's
 model group (:meth:`~mas_train.rollout.RolloutCollector.score`), and logs its metrics as ``eval/<name>``; the
-trainer writes its artifacts to ``<run>/evals/<name>_step<N>.json`` (:func:`write_artifacts`).
+trainer writes its artifacts to ``<run>/evals/<name>_step-<NNNNNN>.json`` (:func:`write_artifacts`).
 """
 
 from __future__ import annotations

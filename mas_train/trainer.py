@@ -228,8 +228,8 @@ class MultiGroupTrainer:
     # -- evaluation -----------------------------------------------------------------------------------------
     def evaluate(self, progress: bool = False) -> dict[str, float]:
         """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`),
-        and the env's exact evaluation where it has one (its artifacts to ``RUN/evals/<name>_step<N>.json``);
-        ``progress``: a bar over the tasks."""
+        and the env's exact evaluation where it has one (its artifacts to
+        ``RUN/evals/<name>_step-<NNNNNN>.json``); ``progress``: a bar over the tasks."""
         tasks, k = self.eval_tasks, self.cfg.eval_k
         rec = self.episodes.eval_recorder(k, self.step)
         with eval_progress(len(tasks), k, progress) as tick:
@@ -241,9 +241,9 @@ class MultiGroupTrainer:
                 tasks_per_batch=self.cfg.eval_tasks_per_batch,
                 progress=tick,
                 on_batch=rec.add if rec else None,
-                # an env's exact evaluation (Kuhn poker's policy table): RUN/evals/<name>_step<N>.json
+                # an env's exact evaluation (Kuhn poker's policy table): RUN/evals/<name>_step-<NNNNNN>.json
                 on_exact=lambda found: write_artifacts(
-                    found, self.run_dir / "evals", suffix=f"_step{self.step}"
+                    found, self.run_dir / "evals", suffix=f"_step-{self.step:06d}"
                 ),
             )
         self.episodes.write_eval(rec)

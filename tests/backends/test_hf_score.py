@@ -15,6 +15,25 @@ def model_tok(tiny_model_and_tokenizer):
     return tiny_model_and_tokenizer
 
 
+LONG = "The rules of a game that every prompt repeats before its own question. " * 6
+
+
+@pytest.mark.parametrize("max_batch_size", [None, 2])
+def test_score_with_a_shared_preamble_and_repeated_prompts(model_tok, max_batch_size):
+    """Prompts that share a long preamble (prefilled once) and repeat (one prefill per distinct prompt), with
+    completions of 1, 2 and 7 tokens: every row as a teacher-forced forward of its own sequence."""
+    model, tok = model_tok
+    backend = HFBackend(model, tok, max_batch_size=max_batch_size)
+    a, b = chat_prompt(tok, LONG + "Card: J"), chat_prompt(tok, LONG + "Card: K, betting: bet")
+    prompts = [a, b, a, b, a]
+    comps = [tok.encode(t, add_special_tokens=False)
+             for t in ("<move>bet</move>", "<move>fold</move>", "x", "<move>call</move>", "ok then")]  # fmt: skip
+    assert sorted({len(c) for c in comps})[0] == 1 and max(len(c) for c in comps) >= 7
+    got = backend.score(prompts, comps)
+    for p, c, g in zip(prompts, comps, got, strict=True):
+        assert g == pytest.approx(teacher_forced_logprobs(model, p, c, 1.0), abs=1e-4)
+
+
 @pytest.mark.parametrize("max_batch_size", [None, 2])
 def test_score_equals_a_teacher_forced_forward_row_by_row(model_tok, max_batch_size):
     model, tok = model_tok

@@ -189,7 +189,7 @@ def test_tiny_qwen3_run_logs_a_finite_exploitability_and_writes_the_table_each_e
     tmp_path, tiny_qwen3_path, tiny_model_and_tokenizer
 ):
     """A real kuhn-poker trainer on the tiny Qwen3 (shared_lora: one adapter per seat): the step-0 and step-1
-    evaluations log eval/exploitability in [0, 17/12] and write evals/kuhn_policy_step<N>.json. At step 0 the
+    evaluations log eval/exploitability in [0, 17/12] and write evals/kuhn_policy_step-<NNNNNN>.json. At step 0 the
     adapters are the base model (LoRA B = 0), so each row's log-probs equal a teacher-forced forward of the
     base model on the rendered prompt + move text."""
     pytest.importorskip("trl")
@@ -233,8 +233,8 @@ def test_tiny_qwen3_run_logs_a_finite_exploitability_and_writes_the_table_each_e
         assert out["eval/exploitability"] == pytest.approx(
             (out["eval/exploitability/player_0"] + out["eval/exploitability/player_1"]) / 2, abs=1e-12
         )
-    step0 = json.loads((tmp_path / "run" / "evals" / "kuhn_policy_step0.json").read_text())
-    step1 = json.loads((tmp_path / "run" / "evals" / "kuhn_policy_step1.json").read_text())
+    step0 = json.loads((tmp_path / "run" / "evals" / "kuhn_policy_step-000000.json").read_text())
+    step1 = json.loads((tmp_path / "run" / "evals" / "kuhn_policy_step-000001.json").read_text())
     assert step0["exploitability"] == first["eval/exploitability"]
     assert step1["exploitability"] == last["eval/exploitability"]
     model, mtok = tiny_model_and_tokenizer

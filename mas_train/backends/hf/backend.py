@@ -276,11 +276,13 @@ class HFBackend(DecodeLoop):
     def score(
         self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
     ) -> list[list[float]]:
-        """The model's per-token log-probabilities of given completions (teacher forcing): one forward pass
-        per batch of at most ``max_batch_size`` rows, left-padded, no KV cache, in eval mode.
+        """The model's per-token log-probabilities of given completions (teacher forcing), in eval mode.
 
         Each value is ``log_softmax(logits)[token]`` at temperature 1 with no truncation (natural log, fp32):
         the model's own distribution, the quantity :class:`GenerationOutput` reports for a greedy completion.
+        Per batch of at most ``max_batch_size`` rows, the prompts go through :meth:`generate`'s prefill (each
+        distinct prompt once, a long common prefix once: several completions of one prompt, or prompts that
+        share a preamble, cost little more than one), then the completions in one forward on that KV cache.
 
         Args:
             prompt_ids: N non-empty prompts of token ids.
@@ -304,35 +306,53 @@ class HFBackend(DecodeLoop):
             if min(p + c) < 0 or max(p + c) >= self.vocab_size:
                 raise ValueError(f"prompt or completion {i} has token ids outside [0, {self.vocab_size})")
         out: list[list[float]] = [[] for _ in prompts]
-        rows = [i for i, c in enumerate(comps) if c]
+        # identical prompts next to each other, so a batch split keeps them in one prefill
+        rows = sorted((i for i, c in enumerate(comps) if c), key=lambda i: (-len(prompts[i]), prompts[i]))
         step = self.max_batch_size or max(len(rows), 1)
-        with torch.inference_mode(), self._eval_mode():
+        packed = self._packed.active() if self._packed is not None else contextlib.nullcontext()
+        norms = fused_rms_norms(self._model) if self.device.type == "cpu" else contextlib.nullcontext()
+        with torch.inference_mode(), self._eval_mode(), packed, norms:
             for start in range(0, len(rows), step):
                 idx = rows[start : start + step]
-                seqs = [prompts[i] + comps[i] for i in idx]
-                width = max(map(len, seqs))
-                keep = max(len(comps[i]) for i in idx)
-                ids = torch.full((len(idx), width), self.pad_token_id, dtype=torch.long)
-                mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for r, seq in enumerate(seqs):  # left padding: every completion ends at the last column
-                    ids[r, width - len(seq) :] = torch.tensor(seq)
-                    mask[r, width - len(seq) :] = 1
-                pos = (mask.cumsum(-1) - 1).clamp(min=0)
-                kwargs: dict[str, Any] = {"use_cache": False}
-                if self._keep_last_logits:
-                    kwargs["logits_to_keep"] = keep + 1  # the logits that predict the last `keep` tokens
-                logits = self._model(
-                    input_ids=ids.to(self.device),
-                    attention_mask=mask.to(self.device),
-                    position_ids=pos.to(self.device),
-                    **kwargs,
-                ).logits[:, -(keep + 1) : -1]
-                logps = torch.log_softmax(logits.float(), dim=-1)
-                for r, i in enumerate(idx):
-                    t = len(comps[i])
-                    target = torch.tensor(comps[i], device=logps.device)[:, None]
-                    out[i] = logps[r, keep - t :].gather(1, target)[:, 0].tolist()
+                got = self._score_batch([prompts[i] for i in idx], [comps[i] for i in idx])
+                for i, lps in zip(idx, got, strict=True):
+                    out[i] = lps
         return out
+
+    def _score_batch(self, prompts: list[list[int]], comps: list[list[int]]) -> list[list[float]]:
+        """:meth:`score` of one batch (non-empty completions): the prefill's last logits score each first
+        completion token, one forward of the right-padded rest on the prefill's cache scores the others."""
+        dev = self.device
+        b, width, keep = len(prompts), max(map(len, prompts)), max(map(len, comps))
+        ids = torch.full((b, width), self.pad_token_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((b, width), dtype=torch.long, device=dev)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
+            mask[r, width - len(p) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        self._reserve = keep
+        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos)
+        logps = [torch.log_softmax(logits, dim=-1)[:, None, :]]  # (B, 1, V): predicts each first token
+        if keep > 1:
+            rest = torch.full((b, keep - 1), self.pad_token_id, dtype=torch.long, device=dev)
+            rest_mask = torch.zeros((b, keep - 1), dtype=torch.long, device=dev)
+            for r, c in enumerate(comps):  # right padding: a pad column follows a row's last token only
+                rest[r, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long, device=dev)
+                rest_mask[r, : len(c) - 1] = 1
+            step_pos = pos[:, -1:] + 1 + torch.arange(keep - 1, device=dev)[None, :]
+            got = self._model(
+                input_ids=rest,
+                attention_mask=torch.cat([mask, rest_mask], dim=1),
+                position_ids=step_pos,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            logps.append(torch.log_softmax(got.logits.float(), dim=-1))  # (B, keep - 1, V)
+        table = torch.cat(logps, dim=1)
+        return [
+            table[r, : len(c)].gather(1, torch.tensor(c, device=dev)[:, None])[:, 0].tolist()
+            for r, c in enumerate(comps)
+        ]
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
