@@ -13,12 +13,13 @@ training step, so evaluations at different steps see the same random numbers (a 
 
 An env may also have an exact evaluation (:meth:`mas_envs.core.TextAECEnv.exact_evaluation`, e.g. Kuhn poker's
 exploitability): :func:`evaluate` runs it after the episodes, scoring the env's given replies with each agent's
-model group (:meth:`~mas_train.rollout.RolloutCollector.score`), and logs its metrics as ``eval/<name>``; the
+model group (:func:`score_replies`), and logs its metrics as ``eval/<name>``; the
 trainer writes its artifacts to ``<run>/evals/<name>_step-<NNNNNN>.json`` (:func:`write_artifacts`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mas_train.backends.base import SamplingParams
+from mas_train.backends.base import LogprobScorer, SamplingParams
 
 if TYPE_CHECKING:
     from mas_envs.core import ExactEvaluation
@@ -35,7 +36,15 @@ if TYPE_CHECKING:
     from mas_train.rollout import RolloutCollector
     from mas_train.samples import RolloutBatch
 
-__all__ = ["EVAL_SEED_STEP", "eval_sampling", "evaluate", "exact_evaluation", "write_artifacts"]
+__all__ = [
+    "EVAL_SEED_STEP",
+    "can_score",
+    "eval_sampling",
+    "evaluate",
+    "exact_evaluation",
+    "score_replies",
+    "write_artifacts",
+]
 
 #: The ``step`` mixed into evaluation seeds (negative: never a training step's).
 EVAL_SEED_STEP = -1
@@ -167,8 +176,7 @@ def evaluate(
 
 def exact_evaluation(collector: RolloutCollector) -> ExactEvaluation | None:
     """The env's exact evaluation (:meth:`~mas_envs.core.TextAECEnv.exact_evaluation`) of the collector's
-    current policies, scored by :meth:`~mas_train.rollout.RolloutCollector.score` (each agent with its own model
-    group's weights).
+    current policies, scored by :func:`score_replies` (each agent with its own model group's weights).
 
     Returns:
         The env's :class:`~mas_envs.core.ExactEvaluation`, or ``None``: the env has none (then nothing is
@@ -180,7 +188,7 @@ def exact_evaluation(collector: RolloutCollector) -> ExactEvaluation | None:
     env = collector.text_env()
     if type(env).exact_evaluation is TextAECEnv.exact_evaluation:
         return None
-    cannot = [a for a in env.possible_agents if a in collector.agent_groups and not collector.can_score(a)]
+    cannot = [a for a in env.possible_agents if a in collector.agent_groups and not can_score(collector, a)]
     if cannot:
         warnings.warn(
             f"{type(env).__name__} has an exact evaluation, but the model groups of {cannot} cannot score given "
@@ -188,7 +196,48 @@ def exact_evaluation(collector: RolloutCollector) -> ExactEvaluation | None:
             stacklevel=2,
         )
         return None
-    return env.exact_evaluation(collector.score)
+    return env.exact_evaluation(functools.partial(score_replies, collector))
+
+
+def can_score(collector: RolloutCollector, agent: str) -> bool:
+    """Whether :func:`score_replies` works for ``agent``: its model group's generator scores given completions
+    (:class:`~mas_train.backends.base.LogprobScorer`; the ``hf`` backend does)."""
+    gen = collector.generators[collector.agent_groups[agent]]
+    return isinstance(gen, LogprobScorer) and bool(gen.can_score)
+
+
+def score_replies(
+    collector: RolloutCollector,
+    agent: str,
+    prompts: Sequence[Sequence[Mapping[str, str]]],
+    completions: Sequence[str],
+) -> list[float]:
+    """The total log-probability (natural log, summed over tokens, temperature 1) of each completion text as
+    ``agent``'s reply to the matching prompt, under ``agent``'s model group's current weights (its own adapter
+    under ``shared_lora``): with the collector bound, a :data:`mas_envs.core.Scorer`.
+
+    Prompts are rendered as the collector renders them for sampling (:func:`~mas_train.rollout.render_prompt`); a
+    completion is the group tokenizer's encoding of its text (no special tokens added).
+
+    Raises:
+        KeyError: ``agent`` has no model group.
+        TypeError: its generator cannot score (:func:`can_score` is false).
+        ValueError: ``len(prompts) != len(completions)``.
+    """
+    from mas_train.rollout import render_prompt
+
+    group = collector.agent_groups[agent]
+    gen = collector.generators[group]
+    if not isinstance(gen, LogprobScorer) or not gen.can_score:
+        raise TypeError(
+            f"model group {group!r} (agent {agent!r}) cannot score given completions; only hf can"
+        )
+    if len(prompts) != len(completions):
+        raise ValueError(f"got {len(completions)} completions for {len(prompts)} prompts")
+    tok = collector.tokenizers[group]
+    ids = [render_prompt(tok, m) for m in prompts]
+    comps = [tok.encode(c, add_special_tokens=False) for c in completions]
+    return [float(sum(row)) for row in gen.score(ids, comps)]
 
 
 def write_artifacts(

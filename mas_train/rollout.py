@@ -35,14 +35,13 @@ import zlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from mas_envs.core import EnvFactory, TextAECEnv, TranscriptEntry, text_env
 from mas_train.backends.base import (
     ChatBackend,
     GenerationOutput,
     Generator,
-    LogprobScorer,
     MixedBatchGenerator,
     SamplingParams,
 )
@@ -284,45 +283,8 @@ class RolloutCollector:
         return self._envs[i]
 
     def text_env(self) -> TextAECEnv:
-        """The collector's first env (made now if none exists yet), unwrapped: for the env hooks beyond the AEC
-        API, e.g. :meth:`~mas_envs.core.TextAECEnv.exact_evaluation`. Between :meth:`collect` calls its episode
-        state is that of the last episode it ran."""
+        """The first env (made now if none exists), unwrapped: for env hooks beyond the AEC API."""
         return text_env(self._env(0))
-
-    def can_score(self, agent: str) -> bool:
-        """Whether :meth:`score` works for ``agent``: its model group's generator scores given completions
-        (:class:`~mas_train.backends.base.LogprobScorer`; the ``hf`` backend does)."""
-        gen = self.generators[self.agent_groups[agent]]
-        return isinstance(gen, LogprobScorer) and bool(gen.can_score)
-
-    def score(
-        self, agent: str, prompts: Sequence[Sequence[Mapping[str, str]]], completions: Sequence[str]
-    ) -> list[float]:
-        """The total log-probability (natural log, summed over tokens, temperature 1) of each completion text
-        as ``agent``'s reply to the matching prompt, under ``agent``'s model group's current weights (its own
-        adapter under ``shared_lora``): a :data:`mas_envs.core.Scorer`.
-
-        Prompts are rendered as for sampling (:func:`render_prompt`); a completion is the group tokenizer's
-        encoding of its text (no special tokens added), which is the model's own tokenisation of that text
-        when it samples it, up to the tokenizer's merges.
-
-        Raises:
-            KeyError: ``agent`` has no model group.
-            TypeError: its generator cannot score (:meth:`can_score` is false).
-            ValueError: ``len(prompts) != len(completions)``.
-        """
-        group = self.agent_groups[agent]
-        gen = self.generators[group]
-        if not self.can_score(agent):
-            raise TypeError(
-                f"model group {group!r} (agent {agent!r}) cannot score given completions; only the hf backend can"
-            )
-        if len(prompts) != len(completions):
-            raise ValueError(f"got {len(completions)} completions for {len(prompts)} prompts")
-        tok = self.tokenizers[group]
-        ids = [render_prompt(tok, m) for m in prompts]
-        comps = [tok.encode(c, add_special_tokens=False) for c in completions]
-        return [float(sum(row)) for row in cast(LogprobScorer, gen).score(ids, comps)]
 
     def close(self) -> None:
         """Close every env the collector created."""

@@ -309,50 +309,16 @@ class HFBackend(DecodeLoop):
         # identical prompts next to each other, so a batch split keeps them in one prefill
         rows = sorted((i for i, c in enumerate(comps) if c), key=lambda i: (-len(prompts[i]), prompts[i]))
         step = self.max_batch_size or max(len(rows), 1)
-        packed = self._packed.active() if self._packed is not None else contextlib.nullcontext()
+        # no packed linears: they pay off in decode steps, and a backend that never sampled would pack a copy of
+        # the weights just for this (under shared_lora every group's backend holds its own packed copy)
         norms = fused_rms_norms(self._model) if self.device.type == "cpu" else contextlib.nullcontext()
-        with torch.inference_mode(), self._eval_mode(), packed, norms:
+        with torch.inference_mode(), self._eval_mode(), norms:
             for start in range(0, len(rows), step):
                 idx = rows[start : start + step]
                 got = self._score_batch([prompts[i] for i in idx], [comps[i] for i in idx])
                 for i, lps in zip(idx, got, strict=True):
                     out[i] = lps
         return out
-
-    def _score_batch(self, prompts: list[list[int]], comps: list[list[int]]) -> list[list[float]]:
-        """:meth:`score` of one batch (non-empty completions): the prefill's last logits score each first
-        completion token, one forward of the right-padded rest on the prefill's cache scores the others."""
-        dev = self.device
-        b, width, keep = len(prompts), max(map(len, prompts)), max(map(len, comps))
-        ids = torch.full((b, width), self.pad_token_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((b, width), dtype=torch.long, device=dev)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
-            mask[r, width - len(p) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        self._reserve = keep
-        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos)
-        logps = [torch.log_softmax(logits, dim=-1)[:, None, :]]  # (B, 1, V): predicts each first token
-        if keep > 1:
-            rest = torch.full((b, keep - 1), self.pad_token_id, dtype=torch.long, device=dev)
-            rest_mask = torch.zeros((b, keep - 1), dtype=torch.long, device=dev)
-            for r, c in enumerate(comps):  # right padding: a pad column follows a row's last token only
-                rest[r, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long, device=dev)
-                rest_mask[r, : len(c) - 1] = 1
-            step_pos = pos[:, -1:] + 1 + torch.arange(keep - 1, device=dev)[None, :]
-            got = self._model(
-                input_ids=rest,
-                attention_mask=torch.cat([mask, rest_mask], dim=1),
-                position_ids=step_pos,
-                use_cache=True,
-                **{self._cache_kw: cache},
-            )
-            logps.append(torch.log_softmax(got.logits.float(), dim=-1))  # (B, keep - 1, V)
-        table = torch.cat(logps, dim=1)
-        return [
-            table[r, : len(c)].gather(1, torch.tensor(c, device=dev)[:, None])[:, 0].tolist()
-            for r, c in enumerate(comps)
-        ]
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
