@@ -11,12 +11,23 @@ Importing this package is light: it never imports torch, transformers, faiss or 
 """
 
 from mas_envs import envs as _envs  # noqa: F401  (registers the built-in envs)
-from mas_envs.core import GoldenEpisode, Outcome, TextAECEnv, TextObservation, Transition, UnicodeText
+from mas_envs.core import (
+    ExactEvaluation,
+    GoldenEpisode,
+    Outcome,
+    Scorer,
+    TextAECEnv,
+    TextObservation,
+    Transition,
+    UnicodeText,
+)
 from mas_envs.registration import UnknownEnvError, make, pprint_registry, register, registry, spec
 
 __all__ = [
+    "ExactEvaluation",
     "GoldenEpisode",
     "Outcome",
+    "Scorer",
     "TextAECEnv",
     "Transition",
     "TextObservation",

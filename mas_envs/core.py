@@ -64,6 +64,9 @@ and implements these public hooks (all called by the base class; none of them to
   and `conformance_kwargs()` (constructor kwargs for those checks, e.g. a stub retriever); override
   `startup_warnings()` to tell the user, before training starts, about a problem that need not stop it (the
   search envs warn when their retrieval server does not answer).
+* optionally override `exact_evaluation(score) -> ExactEvaluation | None` to compute evaluation metrics from the
+  agents' log-probabilities of given replies (`score`, a `Scorer`) rather than from sampled episodes (Kuhn
+  poker's exact exploitability); trainers log its metrics as ``eval/<name>`` and write its artifacts.
 
 What a trainer reads of an env beyond the PettingZoo API is the members above with their defaults (plus
 `invalid_action_penalty`, `transcript` and `close()`), reached through `text_env(env)`.
@@ -90,8 +93,10 @@ from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
 __all__ = [
     "EnvFactory",
+    "ExactEvaluation",
     "GoldenEpisode",
     "Outcome",
+    "Scorer",
     "TextAECEnv",
     "Transition",
     "TextObservation",
@@ -246,6 +251,29 @@ class TranscriptEntry:
     text: str
     invalid: bool = False
     role_reward: float | None = None
+
+
+#: ``score(agent, prompts, completions) -> log-probs``: the total log-probability (natural log, the sum over
+#: the completion's tokens) of each completion text as ``agent``'s reply to the matching prompt (chat messages),
+#: under the policy being evaluated. See `TextAECEnv.exact_evaluation`.
+Scorer: TypeAlias = Callable[[str, Sequence[Sequence[Mapping[str, str]]], Sequence[str]], list[float]]
+
+
+@dataclass(frozen=True)
+class ExactEvaluation:
+    """What `TextAECEnv.exact_evaluation` returns.
+
+    Attributes:
+        metrics: name -> float, logged as ``eval/<name>`` beside the sampled evaluation's metrics (names use
+            letters, digits, ``_`` and ``/``).
+        artifacts: name -> a JSON-able value (e.g. a policy table); a trainer writes each to
+            ``<run>/evals/<name>_step-<NNNNNN>.json``, ``mas-eval`` beside its ``--output`` file.
+        table: the artifacts as plain text for a terminal (``mas-eval`` prints it); ``""`` for none.
+    """
+
+    metrics: Mapping[str, float]
+    artifacts: Mapping[str, Any] = field(default_factory=dict)
+    table: str = ""
 
 
 @dataclass(frozen=True)
@@ -404,6 +432,16 @@ class TextAECEnv(AECEnv[str, str, str]):
     def golden_episodes(cls) -> list[GoldenEpisode]:
         """Scripted episodes with exact expected results for `mas_envs.testing.check_env` (default: none)."""
         return []
+
+    def exact_evaluation(self, score: Scorer) -> ExactEvaluation | None:
+        """An evaluation of the policy computed from its log-probabilities instead of sampled episodes (e.g. a
+        game's exploitability from the action probabilities at every information set): no sampling noise.
+
+        Trainers and `mas-eval` call it once per evaluation, after the sampled episodes, with `score`: the
+        total log-probability of given replies under each agent's own policy (`Scorer`). It must not change
+        this env's episode state (work on a copy). Default: `None`, no exact evaluation and no scoring cost.
+        """
+        return None
 
     def startup_warnings(self) -> list[str]:
         """Problems worth telling the user before training starts that need not stop it (e.g. a retrieval

@@ -26,6 +26,7 @@ from mas_train.command import quiet_libraries, run_command
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
 
+    from mas_envs.core import ExactEvaluation
     from mas_train.config import EvalConfig, ResolvedModelGroup, TrainConfig
     from mas_train.episodes import EvalRecorder
     from mas_train.run import TrainSummary
@@ -164,6 +165,7 @@ def run_eval(ev: EvalConfig, out: TextIO | None = None) -> dict[str, float]:
                 if g not in fresh:
                     parts.pool.worker(g).load_weights(str(weights / "groups" / g))
         recorder = _eval_recorder(ev, k, ckpt, probe)
+        exact: list[ExactEvaluation] = []  # the env's exact evaluation, when it has one
         bar = tqdm(total=len(tasks), desc="mas-eval", unit="task", dynamic_ncols=True)
         try:
             metrics = evaluate(
@@ -176,6 +178,7 @@ def run_eval(ev: EvalConfig, out: TextIO | None = None) -> dict[str, float]:
                 tasks_per_batch=ev.tasks_per_batch or cfg.eval_tasks_per_batch,
                 progress=lambda done, total: bar.update(done - bar.n),
                 on_batch=recorder.add if recorder else None,
+                on_exact=exact.append,
             )
         finally:
             bar.close()
@@ -183,9 +186,19 @@ def run_eval(ev: EvalConfig, out: TextIO | None = None) -> dict[str, float]:
         parts.close()
     for key, v in metrics.items():
         print(f"  {key[5:]:<32} {v:.4f}", file=out)
+    for found in exact:
+        if found.table:
+            print("\n".join("  " + line for line in found.table.splitlines()), file=out)
     if ev.output:
         Path(ev.output).write_text(json.dumps(metrics, indent=1))
         print(f"  written to {ev.output}", file=out)
+        for found in exact:
+            from mas_train.eval import write_artifacts
+
+            p = Path(ev.output)  # eval.json -> eval.kuhn_policy.json, as eval.episodes.jsonl
+            stem = p.stem if p.suffix else p.name
+            for name, path in write_artifacts(found, p.parent, prefix=stem + ".").items():
+                print(f"  {name} written to {path}", file=out)
         if recorder is not None:
             from mas_train.episodes import write_records
 

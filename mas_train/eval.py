@@ -10,24 +10,41 @@ every agent samples with its own training settings (``max_new_tokens``, its env'
 evaluation ``temperature``, ``top_p`` and ``top_k`` of ``eval_sampling`` (and its ``max_new_tokens`` when that is
 set). The seeds do not depend on the
 training step, so evaluations at different steps see the same random numbers (a paired comparison).
+
+An env may also have an exact evaluation (:meth:`mas_envs.core.TextAECEnv.exact_evaluation`, e.g. Kuhn poker's
+exploitability): :func:`evaluate` runs it after the episodes, scoring the env's given replies with each agent's
+model group (:func:`score_replies`), and logs its metrics as ``eval/<name>``; the
+trainer writes its artifacts to ``<run>/evals/<name>_step-<NNNNNN>.json`` (:func:`write_artifacts`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mas_train.backends.base import SamplingParams
+from mas_train.backends.base import LogprobScorer, SamplingParams
 
 if TYPE_CHECKING:
+    from mas_envs.core import ExactEvaluation
     from mas_train.config import ResolvedConfig
     from mas_train.rollout import RolloutCollector
     from mas_train.samples import RolloutBatch
 
-__all__ = ["EVAL_SEED_STEP", "eval_sampling", "evaluate"]
+__all__ = [
+    "EVAL_SEED_STEP",
+    "can_score",
+    "eval_sampling",
+    "evaluate",
+    "exact_evaluation",
+    "score_replies",
+    "write_artifacts",
+]
 
 #: The ``step`` mixed into evaluation seeds (negative: never a training step's).
 EVAL_SEED_STEP = -1
@@ -75,6 +92,8 @@ def evaluate(
     tasks_per_batch: int = 8,
     progress: Callable[[int, int], object] | None = None,
     on_batch: Callable[[RolloutBatch], object] | None = None,
+    exact: bool = True,
+    on_exact: Callable[[ExactEvaluation], object] | None = None,
 ) -> dict[str, float]:
     """Run ``k`` episodes of every task and score them.
 
@@ -89,11 +108,15 @@ def evaluate(
         progress: optional callable ``progress(done_tasks, total_tasks)``.
         on_batch: optional callable given each :class:`~mas_train.rollout.RolloutBatch` (``k`` episodes per
             task, task-major, in task order), e.g. :meth:`mas_train.episodes.EvalRecorder.add`.
+        exact: also run the env's exact evaluation (:func:`exact_evaluation`; envs without one cost nothing).
+        on_exact: optional callable given the env's :class:`~mas_envs.core.ExactEvaluation` when there is one
+            (its artifacts, e.g. Kuhn poker's policy table, to write or print).
 
     Returns:
         Flat metrics: ``eval/avg@k``, ``eval/pass@k``, ``eval/<source>/avg@k``, ``eval/<source>/pass@k``,
         ``eval/reward``, ``eval/invalid_rate``, ``eval/invalid_rate/<agent>``, ``eval/env/<name>`` (the env's
-        per-episode metrics, averaged), ``eval/num_tasks``, ``eval/seconds``.
+        per-episode metrics, averaged), ``eval/num_tasks``, ``eval/seconds``; with an env's exact evaluation
+        also its metrics as ``eval/<name>`` (e.g. ``eval/exploitability``) and ``eval/exact_seconds``.
 
     Raises:
         ValueError: no tasks, ``k < 1`` or ``tasks_per_batch < 1``.
@@ -139,5 +162,97 @@ def evaluate(
         out[f"eval/invalid_rate/{agent}"] = float(np.mean(flags))
     out.update(env_metrics(episode_metrics, prefix="eval/env/"))
     out["eval/num_tasks"] = float(len(tasks))
+    if exact:
+        t1 = time.perf_counter()
+        found = exact_evaluation(collector)
+        if found is not None:
+            out.update({f"eval/{name}": float(v) for name, v in found.metrics.items()})
+            out["eval/exact_seconds"] = time.perf_counter() - t1
+            if on_exact is not None:
+                on_exact(found)
     out["eval/seconds"] = time.perf_counter() - t0
     return out
+
+
+def exact_evaluation(collector: RolloutCollector) -> ExactEvaluation | None:
+    """The env's exact evaluation (:meth:`~mas_envs.core.TextAECEnv.exact_evaluation`) of the collector's
+    current policies, scored by :func:`score_replies` (each agent with its own model group's weights).
+
+    Returns:
+        The env's :class:`~mas_envs.core.ExactEvaluation`, or ``None``: the env has none (then nothing is
+        scored), or an agent's model group cannot score given completions (a remote endpoint or engine: a
+        ``UserWarning`` says so and nothing is logged).
+    """
+    from mas_envs.core import TextAECEnv
+
+    env = collector.text_env()
+    if type(env).exact_evaluation is TextAECEnv.exact_evaluation:
+        return None
+    cannot = [a for a in env.possible_agents if a in collector.agent_groups and not can_score(collector, a)]
+    if cannot:
+        warnings.warn(
+            f"{type(env).__name__} has an exact evaluation, but the model groups of {cannot} cannot score given "
+            "completions (only the hf backend can): it is skipped",
+            stacklevel=2,
+        )
+        return None
+    return env.exact_evaluation(functools.partial(score_replies, collector))
+
+
+def can_score(collector: RolloutCollector, agent: str) -> bool:
+    """Whether :func:`score_replies` works for ``agent``: its model group's generator scores given completions
+    (:class:`~mas_train.backends.base.LogprobScorer`; the ``hf`` backend does)."""
+    gen = collector.generators[collector.agent_groups[agent]]
+    return isinstance(gen, LogprobScorer) and bool(gen.can_score)
+
+
+def score_replies(
+    collector: RolloutCollector,
+    agent: str,
+    prompts: Sequence[Sequence[Mapping[str, str]]],
+    completions: Sequence[str],
+) -> list[float]:
+    """The total log-probability (natural log, summed over tokens, temperature 1) of each completion text as
+    ``agent``'s reply to the matching prompt, under ``agent``'s model group's current weights (its own adapter
+    under ``shared_lora``): with the collector bound, a :data:`mas_envs.core.Scorer`.
+
+    Prompts are rendered as the collector renders them for sampling (:func:`~mas_train.rollout.render_prompt`); a
+    completion is the group tokenizer's encoding of its text (no special tokens added).
+
+    Raises:
+        KeyError: ``agent`` has no model group.
+        TypeError: its generator cannot score (:func:`can_score` is false).
+        ValueError: ``len(prompts) != len(completions)``.
+    """
+    from mas_train.rollout import render_prompt
+
+    group = collector.agent_groups[agent]
+    gen = collector.generators[group]
+    if not isinstance(gen, LogprobScorer) or not gen.can_score:
+        raise TypeError(
+            f"model group {group!r} (agent {agent!r}) cannot score given completions; only hf can"
+        )
+    if len(prompts) != len(completions):
+        raise ValueError(f"got {len(completions)} completions for {len(prompts)} prompts")
+    tok = collector.tokenizers[group]
+    ids = [render_prompt(tok, m) for m in prompts]
+    comps = [tok.encode(c, add_special_tokens=False) for c in completions]
+    return [float(sum(row)) for row in gen.score(ids, comps)]
+
+
+def write_artifacts(
+    found: ExactEvaluation, folder: Path, *, prefix: str = "", suffix: str = ""
+) -> dict[str, Path]:
+    """Write each artifact of an exact evaluation to ``<folder>/<prefix><name><suffix>.json`` (indented JSON).
+
+    Returns:
+        ``{name: path written}``, in the artifacts' order.
+    """
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, value in found.artifacts.items():
+        path = paths[name] = folder / f"{prefix}{name}{suffix}.json"
+        path.write_text(json.dumps(value, indent=1) + "\n")
+    return paths

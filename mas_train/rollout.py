@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mas_envs.core import EnvFactory, TranscriptEntry, text_env
+from mas_envs.core import EnvFactory, TextAECEnv, TranscriptEntry, text_env
 from mas_train.backends.base import (
     ChatBackend,
     GenerationOutput,
@@ -281,6 +281,10 @@ class RolloutCollector:
         while len(self._envs) <= i:
             self._envs.append(self.env_factory())
         return self._envs[i]
+
+    def text_env(self) -> TextAECEnv:
+        """The first env (made now if none exists), unwrapped: for env hooks beyond the AEC API."""
+        return text_env(self._env(0))
 
     def close(self) -> None:
         """Close every env the collector created."""

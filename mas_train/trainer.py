@@ -40,7 +40,7 @@ from mas_train.checkpoint import (
     set_rng_state,
 )
 from mas_train.episodes import EpisodeLog
-from mas_train.eval import eval_sampling, evaluate
+from mas_train.eval import eval_sampling, evaluate, write_artifacts
 from mas_train.lemma_stats import lemma_metrics, lld_metrics
 from mas_train.metrics import diversity_metrics, rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
@@ -227,8 +227,9 @@ class MultiGroupTrainer:
 
     # -- evaluation -----------------------------------------------------------------------------------------
     def evaluate(self, progress: bool = False) -> dict[str, float]:
-        """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`);
-        ``progress``: a bar over the tasks."""
+        """avg@k / pass@k per data source on the eval tasks (``eval/…`` metrics; see :mod:`mas_train.eval`),
+        and the env's exact evaluation where it has one (its artifacts to
+        ``RUN/evals/<name>_step-<NNNNNN>.json``); ``progress``: a bar over the tasks."""
         tasks, k = self.eval_tasks, self.cfg.eval_k
         rec = self.episodes.eval_recorder(k, self.step)
         with eval_progress(len(tasks), k, progress) as tick:
@@ -240,6 +241,10 @@ class MultiGroupTrainer:
                 tasks_per_batch=self.cfg.eval_tasks_per_batch,
                 progress=tick,
                 on_batch=rec.add if rec else None,
+                # an env's exact evaluation (Kuhn poker's policy table): RUN/evals/<name>_step-<NNNNNN>.json
+                on_exact=lambda found: write_artifacts(
+                    found, self.run_dir / "evals", suffix=f"_step-{self.step:06d}"
+                ),
             )
         self.episodes.write_eval(rec)
         self.last_eval = result

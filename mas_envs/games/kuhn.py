@@ -46,18 +46,21 @@ Arguments: `illegal_move`, `illegal_rewards`, `max_retries`, `invalid_action_pen
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from mas_envs.core import GoldenEpisode, wrap
+from mas_envs.core import ExactEvaluation, GoldenEpisode, Scorer, wrap
 from mas_envs.games.base import TextGameEnv
 from mas_envs.games.moves import format_move
 
 __all__ = [
     "CARDS",
+    "EQUILIBRIUM_VALUE_0",
+    "EQUILIBRIUM_VALUE_1",
     "INFO_SETS",
     "KuhnPokerEnv",
     "action_texts",
@@ -65,12 +68,15 @@ __all__ = [
     "check_policy",
     "env",
     "equilibrium_policy",
+    "equilibrium_range",
     "exploitability",
+    "format_policy_table",
     "game_value",
     "info_set_messages",
     "info_set_of",
     "legal_actions",
     "policy_from_logprobs",
+    "policy_table",
     "raw_env",
 ]
 
@@ -84,6 +90,9 @@ INFO_SETS: tuple[str, ...] = tuple(
 _RANK = {c: i for i, c in enumerate(CARDS)}
 _LETTER = {"check": "p", "fold": "p", "bet": "b", "call": "b"}
 _TERMINAL = ("pp", "bp", "bb", "pbp", "pbb")
+#: each seat's value at an equilibrium, chips per hand (Kuhn 1950)
+EQUILIBRIUM_VALUE_0 = -1.0 / 18.0
+EQUILIBRIUM_VALUE_1 = 1.0 / 18.0
 
 
 def legal_actions(history: str) -> tuple[str, str]:
@@ -182,6 +191,41 @@ class KuhnPokerEnv(TextGameEnv):
     def move_error(self, agent: str, label: str) -> str:
         return f"you cannot {label} now (legal: {', '.join(legal_actions(self.history))})"
 
+    def exact_evaluation(self, score: Scorer) -> ExactEvaluation:
+        """The exact exploitability of the agents' policy, read from their log-probabilities (module docstring).
+
+        Each seat's 6 information sets are scored with that seat's own policy (`score(seat, ...)`): the
+        prompt of `info_set_messages` (on a copy of this env, so with its arguments) and the two legal move
+        texts of `action_texts`, 24 scorings in all; `policy_from_logprobs` gives the table.
+
+        Returns:
+            metrics ``exploitability`` ((BR₀ + BR₁) / 2, chips per hand), ``exploitability/<seat>`` (what a
+            best response gains against that seat's half of the table over the game's value: BR₁ - 1/18
+            against ``player_0``, BR₀ + 1/18 against ``player_1``; their mean is ``exploitability``, both 0 at
+            an equilibrium) and ``game_value`` (``player_0``'s chips per hand when the table plays itself);
+            the artifact ``kuhn_policy`` (`policy_table`) and its text.
+        """
+        messages = _messages_at_info_sets(copy.deepcopy(self))
+        logprobs: dict[str, dict[str, float]] = {}
+        for seat in SEATS:
+            keys = [k for k in INFO_SETS if _seat_of(k) == seat]
+            rows = [(k, move, text) for k in keys for move, text in action_texts(k).items()]
+            got = score(seat, [messages[k] for k, _, _ in rows], [text for _, _, text in rows])
+            if len(got) != len(rows):
+                raise RuntimeError(f"the scorer returned {len(got)} log-probs for {len(rows)} replies")
+            for (k, move, _), lp in zip(rows, got, strict=True):
+                logprobs.setdefault(k, {})[move] = float(lp)
+        policy = policy_from_logprobs(logprobs)
+        br0, br1 = best_response_values(policy)
+        table = policy_table(policy, logprobs)
+        metrics = {
+            "exploitability": (br0 + br1) / 2.0,
+            f"exploitability/{SEATS[0]}": br1 - EQUILIBRIUM_VALUE_1,
+            f"exploitability/{SEATS[1]}": br0 - EQUILIBRIUM_VALUE_0,
+            "game_value": game_value(policy),
+        }
+        return ExactEvaluation(metrics, {"kuhn_policy": table}, format_policy_table(table))
+
     @classmethod
     def golden_episodes(cls) -> list[GoldenEpisode]:
         deals = {t["id"].rsplit("/", 1)[1]: t for t in cls.default_game_tasks()}
@@ -236,8 +280,12 @@ def info_set_messages(**env_kwargs: Any) -> dict[str, list[dict[str, str]]]:
     The prompt never shows the opponent's card, so one deal per key gives it. `env_kwargs` are passed to
     `KuhnPokerEnv` (prompts do not depend on them today; passing the run's kwargs keeps this true).
     """
+    return _messages_at_info_sets(KuhnPokerEnv(**env_kwargs))
+
+
+def _messages_at_info_sets(game: KuhnPokerEnv) -> dict[str, list[dict[str, str]]]:
+    """`info_set_messages` played out on `game` (whose episode state it overwrites)."""
     out: dict[str, list[dict[str, str]]] = {}
-    game = KuhnPokerEnv(**env_kwargs)
     for key in INFO_SETS:
         card, history = key[0], key[1:]
         seat = len(history) % 2
@@ -334,6 +382,65 @@ def best_response_values(policy: Mapping[str, float]) -> tuple[float, float]:
         br0 += best0 / len(_DEALS)
         br1 += best1 / len(_DEALS)
     return br0, br1
+
+
+def _seat_of(key: str) -> str:
+    """The seat that decides at information set `key` (``player_0`` at ``""``/``"pb"``, else ``player_1``)."""
+    return SEATS[(len(key) - 1) % 2]
+
+
+def equilibrium_range(key: str) -> tuple[float, float]:
+    """(lowest, highest) probability of the aggressive action at `key` over Kuhn's equilibria
+    (`equilibrium_policy` for α in [0, 1/3]; each entry is linear in α, so the ends give the range)."""
+    a, b = equilibrium_policy(0.0)[key], equilibrium_policy(1.0 / 3.0)[key]
+    return min(a, b), max(a, b)
+
+
+def policy_table(
+    policy: Mapping[str, float], logprobs: Mapping[str, Mapping[str, float]] | None = None
+) -> dict[str, Any]:
+    """A policy table as JSON-able rows, one per information set in `INFO_SETS` order, beside the equilibria.
+
+    Returns:
+        ``{"exploitability": float, "br": {seat: BR value}, "game_value": float, "rows": [...]}``; each row
+        has ``info_set``, ``seat``, ``card``, ``history``, ``aggressive`` (the action whose probability ``p`` is:
+        ``bet`` or ``call``), ``p``, ``equilibrium`` (``[low, high]``: `equilibrium_range`) and, when
+        `logprobs` is given, ``logprobs`` (``{move: total log-prob}``, ``None`` for ``-inf``).
+    """
+    p = check_policy(policy)
+    br0, br1 = best_response_values(p)
+    rows = []
+    for key in INFO_SETS:
+        row: dict[str, Any] = {
+            "info_set": key,
+            "seat": _seat_of(key),
+            "card": key[0],
+            "history": key[1:],
+            "aggressive": legal_actions(key[1:])[1],
+            "p": p[key],
+            "equilibrium": list(equilibrium_range(key)),
+        }
+        if logprobs is not None:
+            row["logprobs"] = {m: (None if v == -math.inf else float(v)) for m, v in logprobs[key].items()}
+        rows.append(row)
+    return {
+        "exploitability": (br0 + br1) / 2.0,
+        "br": {SEATS[0]: br0, SEATS[1]: br1},
+        "game_value": game_value(p),
+        "rows": rows,
+    }
+
+
+def format_policy_table(table: Mapping[str, Any]) -> str:
+    """`policy_table`'s rows as a text table (one line per information set) with the exploitability."""
+    lines = [f"{'info set':<9}{'seat':<10}{'p(aggr.)':>16}   equilibrium"]
+    for r in table["rows"]:
+        lo, hi = r["equilibrium"]
+        eq = f"{lo:.3f}" if lo == hi else f"{lo:.3f}-{hi:.3f}"
+        action = f"{r['aggressive']} {r['p']:.3f}"
+        lines.append(f"{r['info_set'] or '-':<9}{r['seat']:<10}{action:>16}   {eq}")
+    lines.append(f"exploitability {table['exploitability']:.4f} chips/hand (0 at an equilibrium)")
+    return "\n".join(lines)
 
 
 def exploitability(policy: Mapping[str, float]) -> float:

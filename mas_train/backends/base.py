@@ -152,6 +152,23 @@ class ChatBackend(Protocol):
 
 
 @runtime_checkable
+class LogprobScorer(Protocol):
+    """An optional capability of a backend or worker: the log-probabilities of *given* completions (teacher
+    forcing), e.g. for an env's exact evaluation (:meth:`mas_envs.core.TextAECEnv.exact_evaluation`). Checked
+    with ``isinstance`` and :attr:`can_score` (a worker has the method whatever its backend is)."""
+
+    @property
+    def can_score(self) -> bool: ...
+
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Per-token ``log_softmax(logits)[token]`` (temperature 1, no truncation; natural log) of each
+        completion after its prompt: N lists aligned with ``completion_ids``, in order."""
+        ...
+
+
+@runtime_checkable
 class UsageReporter(Protocol):
     """An optional capability of a backend: request and token counters (remote endpoints), logged per step as
     ``charts/backend/<counter>/<group>``."""

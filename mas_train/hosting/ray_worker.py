@@ -40,6 +40,7 @@ class WorkerInfo(TypedDict):
     model_path: str
     agents: tuple[str, ...]
     wants_messages: bool
+    can_score: bool
     trains: bool
     cuda_visible_devices: str | None
 
@@ -125,6 +126,7 @@ class ModelGroupActor:
             "model_path": w.model_path,
             "agents": tuple(w.agents),
             "wants_messages": w.wants_messages,
+            "can_score": w.can_score,
             "trains": w.trains,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
@@ -169,6 +171,7 @@ class RayWorkerHandle:
         self.pid = int(info["pid"])
         self.node = info["node"]
         self.wants_messages = bool(info["wants_messages"])
+        self.can_score = bool(info["can_score"])
         self.trains = bool(info["trains"])
         # Each group's worker is an actor of its own with its own model: rows of two groups never share a call.
         self.mixed_batch_key: int | None = None
@@ -211,6 +214,13 @@ class RayWorkerHandle:
         raise ValueError(
             f"model group {self.group!r} lives in its own Ray actor; generate each group's rows with generate()"
         )
+
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """The worker's ``score`` (:meth:`~mas_train.hosting.worker.ModelGroupWorker.score`)."""
+        outs: list[list[float]] = self._call("score", prompt_ids, completion_ids)
+        return outs
 
     @property
     def usage(self) -> dict[str, float]:

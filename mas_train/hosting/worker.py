@@ -21,7 +21,13 @@ import torch
 
 from mas_train import lora
 from mas_train.backends import backend_kind, make_backend
-from mas_train.backends.base import ChatBackend, GenerationOutput, SamplingParams, UsageReporter
+from mas_train.backends.base import (
+    ChatBackend,
+    GenerationOutput,
+    LogprobScorer,
+    SamplingParams,
+    UsageReporter,
+)
 from mas_train.backends.hf import HFBackend
 from mas_train.grpo.build import build_group_trainer
 from mas_train.hosting.policy import (
@@ -198,6 +204,28 @@ class ModelGroupWorker:
         if not isinstance(self.backend, ChatBackend):
             raise TypeError(f"the backend of model group {self.group!r} takes token ids, not chat messages")
         return self.backend.generate_messages(messages, sampling)
+
+    @property
+    def can_score(self) -> bool:
+        """Whether :meth:`score` works: the backend scores given completions (the ``hf`` backend)."""
+        return isinstance(self.backend, LogprobScorer) and bool(self.backend.can_score)
+
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """The backend's ``score`` (:class:`~mas_train.backends.base.LogprobScorer`: per-token log-probabilities
+        of given completions), with this group's adapter active.
+
+        Raises:
+            TypeError: the backend cannot score (:attr:`can_score` is false: a remote endpoint or engine).
+        """
+        if not self.can_score:
+            raise TypeError(
+                f"the {type(self.backend).__name__} backend of model group {self.group!r} cannot score given "
+                "completions (only the hf backend can)"
+            )
+        self.policy.activate(training=False)
+        return cast(LogprobScorer, self.backend).score(prompt_ids, completion_ids)
 
     @property
     def usage(self) -> dict[str, float]:

@@ -268,6 +268,58 @@ class HFBackend(DecodeLoop):
                     results[i] = out
         return results  # type: ignore[return-value]
 
+    @property
+    def can_score(self) -> bool:
+        """:class:`~mas_train.backends.base.LogprobScorer`: this backend scores completions (:meth:`score`)."""
+        return True
+
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """The model's per-token log-probabilities of given completions (teacher forcing), in eval mode.
+
+        Each value is ``log_softmax(logits)[token]`` at temperature 1 with no truncation (natural log, fp32):
+        the model's own distribution, the quantity :class:`GenerationOutput` reports for a greedy completion.
+        Per batch of at most ``max_batch_size`` rows, the prompts go through :meth:`generate`'s prefill (each
+        distinct prompt once, a long common prefix once: several completions of one prompt, or prompts that
+        share a preamble, cost little more than one), then the completions in one forward on that KV cache.
+
+        Args:
+            prompt_ids: N non-empty prompts of token ids.
+            completion_ids: N completions of token ids (an empty one scores ``[]``).
+
+        Returns:
+            N lists of floats, ``len(completion_ids[i])`` each, in order.
+
+        Raises:
+            ValueError: ``len(completion_ids) != N``, an empty prompt, or an id outside ``[0, vocab_size)``.
+            RuntimeError: the backend is asleep or closed.
+        """
+        self._check_usable()
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        comps = [list(map(int, c)) for c in completion_ids]
+        if len(comps) != len(prompts):
+            raise ValueError(f"got {len(comps)} completions for {len(prompts)} prompts; pass one per prompt")
+        for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+            if not p:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if min(p + c) < 0 or max(p + c) >= self.vocab_size:
+                raise ValueError(f"prompt or completion {i} has token ids outside [0, {self.vocab_size})")
+        out: list[list[float]] = [[] for _ in prompts]
+        # identical prompts next to each other, so a batch split keeps them in one prefill
+        rows = sorted((i for i, c in enumerate(comps) if c), key=lambda i: (-len(prompts[i]), prompts[i]))
+        step = self.max_batch_size or max(len(rows), 1)
+        # no packed linears: they pay off in decode steps, and a backend that never sampled would pack a copy of
+        # the weights just for this (under shared_lora every group's backend holds its own packed copy)
+        norms = fused_rms_norms(self._model) if self.device.type == "cpu" else contextlib.nullcontext()
+        with torch.inference_mode(), self._eval_mode(), norms:
+            for start in range(0, len(rows), step):
+                idx = rows[start : start + step]
+                got = self._score_batch([prompts[i] for i in idx], [comps[i] for i in idx])
+                for i, lps in zip(idx, got, strict=True):
+                    out[i] = lps
+        return out
+
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
     ) -> int:

@@ -2,7 +2,9 @@
 
 :class:`DecodeLoop` holds the batch state of one :meth:`~mas_train.backends.hf.HFBackend.generate` batch (KV
 cache, attention mask, positions, live rows, per-row adapter names) and every step that edits it: the model
-forward, the prefill with prompt sharing, the per-step sampling, stop strings, and dropping finished rows.
+forward, the prefill with prompt sharing, the per-step sampling, stop strings, and dropping finished rows; and
+:meth:`~mas_train.backends.hf.HFBackend.score`'s batch (``_score_batch``: that prefill, then the given completions
+in one forward on its cache).
 Prefill sharing, finished-row dropping and per-row adapters all edit that same state, so they stay together in
 this one class; sampling itself lives in :mod:`mas_train.backends.hf.sampling`, the fused decode step in
 :mod:`mas_train.backends.hf.decode`.
@@ -195,6 +197,41 @@ class DecodeLoop:
             suf_ids, mask, pos[:, lcp:], cache, None if adapter is None else [adapter] * d
         )
         return logits, cache, mask, pos
+
+    def _score_batch(self, prompts: list[list[int]], comps: list[list[int]]) -> list[list[float]]:
+        """:meth:`score` of one batch (non-empty completions): the prefill's last logits score each first
+        completion token, one forward of the right-padded rest on the prefill's cache scores the others."""
+        dev = self.device
+        b, width, keep = len(prompts), max(map(len, prompts)), max(map(len, comps))
+        ids = torch.full((b, width), self.pad_token_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((b, width), dtype=torch.long, device=dev)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
+            mask[r, width - len(p) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        self._reserve = keep
+        logits, cache, mask, pos = self._prefill(prompts, ids, mask, pos)
+        logps = [torch.log_softmax(logits, dim=-1)[:, None, :]]  # (B, 1, V): predicts each first token
+        if keep > 1:
+            rest = torch.full((b, keep - 1), self.pad_token_id, dtype=torch.long, device=dev)
+            rest_mask = torch.zeros((b, keep - 1), dtype=torch.long, device=dev)
+            for r, c in enumerate(comps):  # right padding: a pad column follows a row's last token only
+                rest[r, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long, device=dev)
+                rest_mask[r, : len(c) - 1] = 1
+            step_pos = pos[:, -1:] + 1 + torch.arange(keep - 1, device=dev)[None, :]
+            got = self._model(
+                input_ids=rest,
+                attention_mask=torch.cat([mask, rest_mask], dim=1),
+                position_ids=step_pos,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            logps.append(torch.log_softmax(got.logits.float(), dim=-1))  # (B, keep - 1, V)
+        table = torch.cat(logps, dim=1)
+        return [
+            table[r, : len(c)].gather(1, torch.tensor(c, device=dev)[:, None])[:, 0].tolist()
+            for r, c in enumerate(comps)
+        ]
 
     def _stop_match(self, ids: list[int], stops: tuple[str, ...], window: int) -> str | None:
         # Each token decodes to >= 1 character, so a stop string completed by the newest token lies within the
