@@ -142,3 +142,45 @@ def test_rae_settings_that_would_do_nothing_are_refused_in_one_line(settings, ma
     with pytest.raises(ConfigError, match=match) as err:
         TrainConfig.from_dict({"env": "parity", **settings})
     assert "\n" not in str(err.value)
+
+
+def test_a_training_step_at_one_generation_trains_on_rae_advantages(tmp_path, tiny_qwen3_path):
+    pytest.importorskip("trl")
+    from _train_fakes import PARITY_TASKS, make_parity_env
+
+    from mas_train.assemble import assemble_trainer
+
+    cfg = TrainConfig.from_dict(
+        dict(
+            env="parity",
+            model=tiny_qwen3_path,
+            advantage_mode="rae",
+            advantage_rae_decay=0.5,
+            num_generations=1,
+            tasks_per_step=1,
+            max_steps=2,
+            output_dir=str(tmp_path),
+            run_name="g1",
+            learning_rate=1e-3,
+            sampling={"max_new_tokens": 4},
+        )
+    )
+    trainer = assemble_trainer(
+        cfg.resolve(["solver", "verifier"]), env_factory=make_parity_env, train_tasks=PARITY_TASKS
+    )
+    try:
+        m1, _ = trainer.train_step()
+        m2, _ = trainer.train_step()
+    finally:
+        trainer.close()
+    assert trainer.role_baseline is not None and trainer.role_baseline.counts == {"solver": 2, "verifier": 2}
+    for agent in ("solver", "verifier"):
+        # one trajectory a step, each agent acting once: step 1's advantage is its score (b = 0), after it
+        # b = 0.5 * score; step 2's advantage is its score minus that
+        b1 = m1[f"charts/advantage/baseline/{agent}"]
+        s1 = m1[f"charts/advantage/mean/{agent}"]
+        assert s1 != 0.0  # ParityEnv's checksum reward: a signal at G = 1, where drmas would give 0
+        assert m1[f"charts/advantage/count/{agent}"] == 1.0 and b1 == pytest.approx(0.5 * s1)
+        s2 = m2[f"charts/advantage/mean/{agent}"] + b1
+        assert m2[f"charts/advantage/baseline/{agent}"] == pytest.approx(0.5 * b1 + 0.5 * s2)
+    assert m1["charts/skipped/shared"] == 0.0  # the group trained (G = 1 is not refused or skipped)
