@@ -29,7 +29,7 @@ mode           statistics                    advantage of a sample of agent k in
 
 ``rae`` (Role-conditioned Advantage Estimation, SPIRAL, arXiv 2506.24119) keeps one exponential moving average
 b_k of agent (seat) k's trajectory score across steps and neither centres on the task group nor divides by a std,
-so it works at G = 1. As SPIRAL's code does (``spiral-rl/spiral`` ``train_spiral.py``
+so it works at G = 1. As SPIRAL's code does (``spiral-rl/spiral`` at commit a02d0ed, ``train_spiral.py``
 ``SelfPlayActor.prepare_trajectories``, lines 488-493, with ``spiral/utils.py`` ``EMA``, lines 18-32; default
 decay ``role_baseline_ema_gamma = 0.95``, line 79): the baseline starts at 0 and is updated once per (trajectory,
 agent), in the order the trajectories appear in the batch, and each trajectory is scored against the baseline
@@ -40,8 +40,9 @@ agent), in the order the trajectories appear in the batch, and each trajectory i
 with d the decay and r_{i,k} the mean of agent k's step scores in trajectory i (SPIRAL's per-game reward of the
 player; equal to s when nothing is penalised). SPIRAL keys the baseline by player id within a run of one game; we
 key it by agent id. Its learner then uses this return as the advantage unchanged
-(``SelfPlayLearner.compute_monte_carlo_advantages``, "Return without baseline"). ``scope``, ``stats`` and
-``eps`` do not apply to it.
+(``SelfPlayLearner.compute_monte_carlo_advantages``, lines 820-824, "Return without baseline"). ``scope``,
+``stats`` and ``eps`` do not apply to it. SPIRAL's settings around it (turn discount ``gamma`` = 1, i.e. none;
+``filter_zero_adv``, which drops turns whose advantage is exactly 0) are not part of this mode.
 
 ``agent_mean`` (Table 3's (μ_k, σ)) takes its numerator and its std from the same step scores s: μ_k and σ_s
 are both over turns. (An earlier version divided by the trajectory scores' σ: with invalid-action penalties the step

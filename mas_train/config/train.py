@@ -169,7 +169,7 @@ class TrainConfig:
     advantage_mode: str = _help(
         "drmas: per-agent mean and std (Dr. MAS eq. 5); grpo: global (eq. 2); agent_mean: (mu_k, sigma); "
         "agent_std: (mu, sigma_k); rae: SPIRAL's per-agent moving-average baseline, A = s - b_k, no std "
-        "(works at num_generations 1; docs/training.md).",
+        "(works at num_generations 1; docs/advantages.md 'RAE').",
         default="drmas",
     )
     advantage_scope: str = _help(
