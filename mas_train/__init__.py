@@ -6,7 +6,8 @@ its own (importing this package loads none of torch, transformers or TRL):
 * :mod:`mas_train.trainer`: ``train(cfg)`` and ``MultiGroupTrainer``, the training loop (start-up checks in
   :mod:`mas_train.startup`).
 * :mod:`mas_train.rollout`: ``RolloutCollector`` and ``Sample`` (one per agent turn, immutable).
-* :mod:`mas_train.advantages`: ``compute_advantages`` (Dr. MAS eq. 5, GRPO eq. 2, the mixed ablations) and the
+* :mod:`mas_train.advantages`: ``compute_advantages`` (Dr. MAS eq. 5, GRPO eq. 2, the mixed ablations, SPIRAL's RAE
+  with its ``RoleBaseline``) and the
   Lemma 4.2 statistics.
 * :mod:`mas_train.grpo.update`: ``GroupGRPOTrainer``, the GRPO update of one model group (a ``trl.GRPOTrainer``).
 * :mod:`mas_train.hosting.worker`: ``ModelGroupWorker`` (policy + update + backend, weight sync, save/load);

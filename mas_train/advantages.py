@@ -1,6 +1,7 @@
-r"""Advantages for multi-agent GRPO: global (GRPO) and per-agent (Dr. MAS) normalisation.
+r"""Advantages for multi-agent GRPO: global (GRPO), per-agent (Dr. MAS) normalisation and SPIRAL's RAE.
 
-Pure, vectorised numpy; no trainer state. One *sample* is one agent turn; its score is
+Pure, vectorised numpy; the only state is RAE's per-agent baseline (:class:`RoleBaseline`), which the caller
+keeps across steps and passes in. One *sample* is one agent turn; its score is
 ``s = R - c * invalid`` (R the team reward of its trajectory, c the invalid-action penalty), or with per-agent
 reward weights ``s = w_team R + w_role role_reward - c * invalid`` (:mod:`mas_train.scoring`). Samples are
 grouped into *task groups* (the G trajectories sampled for one task), trajectories and agents.
@@ -23,7 +24,25 @@ mode           statistics                    advantage of a sample of agent k in
 ``drmas``      (μ_k, σ_k)  eq. 5             :math:`(s - \mu_k) / (\sigma_k + \varepsilon)`
 ``agent_mean`` (μ_k, σ_s)  ablation          :math:`(s - \mu_k) / (\sigma_s + \varepsilon)`
 ``agent_std``  (μ, σ_k)    ablation          :math:`(s - \mu) / (\sigma_k + \varepsilon)`
+``rae``        (b_k, none) SPIRAL RAE        :math:`s - b_k` (b_k: agent k's moving average, below)
 =============  ============================  =====================================================
+
+``rae`` (Role-conditioned Advantage Estimation, SPIRAL, arXiv 2506.24119) keeps one exponential moving average
+b_k of agent (seat) k's trajectory score across steps and neither centres on the task group nor divides by a std,
+so it works at G = 1. As SPIRAL's code does (``spiral-rl/spiral`` at commit a02d0ed, ``train_spiral.py``
+``SelfPlayActor.prepare_trajectories``, lines 488-493, with ``spiral/utils.py`` ``EMA``, lines 18-32; default
+decay ``role_baseline_ema_gamma = 0.95``, line 79): the baseline starts at 0 and is updated once per (trajectory,
+agent), in the order the trajectories appear in the batch, and each trajectory is scored against the baseline
+*before* its own update ("Get the baseline before updating to be unbiased")::
+
+    A = s - b_k;    then  b_k <- d * b_k + (1 - d) * r_{i,k}
+
+with d the decay and r_{i,k} the mean of agent k's step scores in trajectory i (SPIRAL's per-game reward of the
+player; equal to s when nothing is penalised). SPIRAL keys the baseline by player id within a run of one game; we
+key it by agent id. Its learner then uses this return as the advantage unchanged
+(``SelfPlayLearner.compute_monte_carlo_advantages``, lines 820-824, "Return without baseline"). ``scope``,
+``stats`` and ``eps`` do not apply to it. SPIRAL's settings around it (turn discount ``gamma`` = 1, i.e. none;
+``filter_zero_adv``, which drops turns whose advantage is exactly 0) are not part of this mode.
 
 ``agent_mean`` (Table 3's (μ_k, σ)) takes its numerator and its std from the same step scores s: μ_k and σ_s
 are both over turns. (An earlier version divided by the trajectory scores' σ: with invalid-action penalties the step
@@ -78,8 +97,9 @@ baseline would inflate agent k's gradient second moment (Lemma 4.2):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +110,8 @@ __all__ = [
     "STATS",
     "AdvantageResult",
     "AgentAdvantageStats",
+    "RAE_DEFAULT_DECAY",
+    "RoleBaseline",
     "combine_keys",
     "compute_advantages",
     "compute_advantages_with_stats",
@@ -99,7 +121,9 @@ __all__ = [
     "mean_std_by_key",
 ]
 
-MODES = ("drmas", "grpo", "agent_mean", "agent_std")
+MODES = ("drmas", "grpo", "agent_mean", "agent_std", "rae")
+#: SPIRAL's ``role_baseline_ema_gamma`` (train_spiral.py line 79)
+RAE_DEFAULT_DECAY = 0.95
 SCOPES = ("group", "batch", "turn")
 #: how a cell's mean and std are estimated: the paper's population std (a one-value cell gives no signal), or the
 #: reference code's unbiased std (a one-value cell gives its raw score); see the module docstring
@@ -109,6 +133,67 @@ DEFAULT_MIN_TURN_SAMPLES = 2
 
 # A std below this (relative to the magnitude of the mean) is rounding noise of equal values, i.e. zero.
 _ZERO_STD_RTOL = 1e-12
+
+
+class RoleBaseline:
+    """RAE's state across steps: per agent (seat) an exponential moving average of its trajectory scores.
+
+    One object lives for a whole run (the trainer keeps it and saves it in its checkpoints); each call of
+    :func:`compute_advantages_with_stats` with ``mode="rae"`` reads and updates it (module docstring).
+
+    Args:
+        decay: d in ``b <- d * b + (1 - d) * r``, in (0, 1) (SPIRAL: 0.95).
+
+    Attributes:
+        values: agent id -> baseline b_k (an agent not yet seen has b_k = 0, as SPIRAL's ``EMA`` starts at 0).
+        counts: agent id -> number of updates (trajectories of that agent scored so far).
+
+    Raises:
+        ValueError: decay not in (0, 1).
+    """
+
+    def __init__(self, decay: float = RAE_DEFAULT_DECAY) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) < 1.0:
+            raise ValueError(
+                f"the RAE baseline decay must be a number in (0, 1) (SPIRAL: 0.95), got {decay!r}"
+            )
+        self.decay = float(decay)
+        self.values: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def get(self, agent: str) -> float:
+        """b_k of ``agent`` (0 before its first update)."""
+        return self.values.get(agent, 0.0)
+
+    def update(self, agent: str, r: float) -> float:
+        """``b_k <- d * b_k + (1 - d) * r``; returns the new b_k."""
+        b = self.decay * self.get(agent) + (1.0 - self.decay) * float(r)
+        self.values[agent] = b
+        self.counts[agent] = self.counts.get(agent, 0) + 1
+        return b
+
+    def state_dict(self) -> dict[str, object]:
+        """Plain data (floats, ints, strings) for a checkpoint."""
+        return {"decay": self.decay, "values": dict(self.values), "counts": dict(self.counts)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (the decay stays this object's own).
+
+        Raises:
+            ValueError: the saved decay differs from this one (the resumed run would not continue the same
+                moving average).
+        """
+        decay = float(state["decay"])
+        if decay != self.decay:
+            raise ValueError(
+                f"the checkpoint's RAE baseline has decay {decay} but this run has {self.decay}; resume with "
+                f"advantage_rae_decay {decay}"
+            )
+        self.values = {str(k): float(v) for k, v in state["values"].items()}
+        self.counts = {str(k): int(v) for k, v in state["counts"].items()}
+
+    def __repr__(self) -> str:
+        return f"RoleBaseline(decay={self.decay}, values={self.values}, counts={self.counts})"
 
 
 @dataclass(frozen=True)
@@ -141,9 +226,10 @@ class AdvantageResult:
             agent), (agent) for ``scope="batch"``, (task group, agent, position) or its fallback for
             ``scope="turn"``; the turns of a group's too-small cells of one agent share one fallback cell, whose
             statistics are those of all the agent's turns in the group); for ``grpo``, which has no per-agent
-            statistics, its task group (0 for the batch).
+            statistics, its task group (0 for the batch); for ``rae`` its agent (whose baseline it used).
         turn_fallback: ``(N,)`` bool, True where a ``scope="turn"`` cell was too small and the sample used its
             agent's task-group statistics instead (all False for the other scopes).
+        baseline: ``rae`` only: agent id -> its baseline b_k after this batch's updates (empty otherwise).
     """
 
     advantages: np.ndarray
@@ -151,15 +237,19 @@ class AdvantageResult:
     per_agent: dict[str, AgentAdvantageStats]
     stat_group: np.ndarray
     turn_fallback: np.ndarray
+    baseline: dict[str, float] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "advantages") -> dict[str, float]:
-        """Flat, log-ready metrics: ``<prefix>/{mean,std,count,zero_std_frac}/<agent>``."""
+        """Flat, log-ready metrics: ``<prefix>/{mean,std,count,zero_std_frac}/<agent>``, and for ``rae``
+        ``<prefix>/baseline/<agent>`` (b_k after the batch)."""
         out: dict[str, float] = {}
         for agent, st in self.per_agent.items():
             out[f"{prefix}/mean/{agent}"] = st.mean
             out[f"{prefix}/std/{agent}"] = st.std
             out[f"{prefix}/count/{agent}"] = float(st.count)
             out[f"{prefix}/zero_std_frac/{agent}"] = st.zero_std_frac
+        for agent, b in self.baseline.items():
+            out[f"{prefix}/baseline/{agent}"] = b
         return out
 
 
@@ -175,6 +265,7 @@ def compute_advantages(
     turn_ids: Sequence[int] | np.ndarray | None = None,
     min_turn_samples: int = DEFAULT_MIN_TURN_SAMPLES,
     stats: str = "paper",
+    baseline: RoleBaseline | None = None,
 ) -> np.ndarray:
     """One advantage per sample (see the module docstring for the formulas).
 
@@ -183,7 +274,8 @@ def compute_advantages(
         group_ids: ``(N,)`` task-group id of each sample (e.g. the task uid).
         traj_ids: ``(N,)`` trajectory id of each sample; only needs to be unique within its task group.
         agent_ids: ``(N,)`` agent of each sample.
-        mode: ``"drmas"`` (eq. 5), ``"grpo"`` (eq. 2), ``"agent_mean"`` (μ_k, σ_s) or ``"agent_std"`` (μ, σ_k).
+        mode: ``"drmas"`` (eq. 5), ``"grpo"`` (eq. 2), ``"agent_mean"`` (μ_k, σ_s), ``"agent_std"`` (μ, σ_k) or
+            ``"rae"`` (SPIRAL, ``s - b_k``; needs ``baseline``).
         eps: ε added to the std (>= 0).
         scope: ``"group"`` (statistics per task group), ``"batch"`` (pooled over the batch) or ``"turn"``
             (per-agent statistics per task group, agent and turn position; not with ``mode="grpo"``).
@@ -193,6 +285,7 @@ def compute_advantages(
             agent's task-group statistics (>= 1; 1 never falls back).
         stats: ``"paper"`` (population std; a one-value cell gives 0) or ``"reference"`` (unbiased std; a
             one-value cell gives its raw score), see the module docstring.
+        baseline: ``mode="rae"`` only: the run's per-agent baselines, read and updated in place.
 
     Returns:
         ``(N,)`` float64 advantages, in input order.
@@ -201,7 +294,7 @@ def compute_advantages(
         ValueError: unknown mode, scope or stats, ``grpo`` with ``scope="turn"``, negative/non-finite eps, inputs of
             different lengths or not 1-D, NaN/inf scores (the message gives their count and first indices),
             missing or repeated turn ids (one agent twice at one turn of a trajectory) for ``scope="turn"``,
-            ``min_turn_samples < 1``.
+            ``min_turn_samples < 1``, ``mode="rae"`` without a ``baseline`` or a ``baseline`` with another mode.
     """
     return compute_advantages_with_stats(
         scores,
@@ -214,6 +307,7 @@ def compute_advantages(
         turn_ids=turn_ids,
         min_turn_samples=min_turn_samples,
         stats=stats,
+        baseline=baseline,
     ).advantages
 
 
@@ -229,6 +323,7 @@ def compute_advantages_with_stats(
     turn_ids: Sequence[int] | np.ndarray | None = None,
     min_turn_samples: int = DEFAULT_MIN_TURN_SAMPLES,
     stats: str = "paper",
+    baseline: RoleBaseline | None = None,
 ) -> AdvantageResult:
     """:func:`compute_advantages` plus the zero-std mask, the statistics cells and per-agent statistics to log.
 
@@ -244,6 +339,11 @@ def compute_advantages_with_stats(
         raise ValueError(
             "scope='turn' groups the per-agent statistics by turn position, and mode='grpo' has none (one "
             "trajectory score per task group); use mode='drmas' (or agent_mean/agent_std), or scope='group'"
+        )
+    if (mode == "rae") != (baseline is not None):
+        raise ValueError(
+            "mode='rae' needs baseline=RoleBaseline(...) (its per-agent moving averages, kept across steps), and "
+            f"no other mode takes one; got mode={mode!r} with baseline={baseline!r}"
         )
     if not np.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
@@ -284,6 +384,8 @@ def compute_advantages_with_stats(
         sigma_k = np.where(fallback, sigma_k, sigma_p[gap])
         cell = combine_keys(ga, np.where(fallback, 0, position + 1))  # 0: the agent's fallback cell
 
+    if baseline is not None:
+        return _rae(s, t, a_codes, agent_names, baseline, fallback)
     if mode == "grpo":
         num, sigma = r[t] - mu_g[g], sigma_g[g]
     elif mode == "drmas":
@@ -297,6 +399,19 @@ def compute_advantages_with_stats(
     zero_std = sigma == 0.0
     adv = np.where(zero_std, 0.0, num / np.where(zero_std, 1.0, sigma + eps))
 
+    stat_group = g if mode == "grpo" else cell
+    return AdvantageResult(
+        advantages=adv,
+        zero_std=zero_std,
+        per_agent=_per_agent(adv, zero_std, a_codes, agent_names),
+        stat_group=stat_group.astype(np.int64),
+        turn_fallback=fallback,
+    )
+
+
+def _per_agent(
+    adv: np.ndarray, zero_std: np.ndarray, a_codes: np.ndarray, agent_names: list[str]
+) -> dict[str, AgentAdvantageStats]:
     per_agent: dict[str, AgentAdvantageStats] = {}
     for code, name in enumerate(agent_names):
         mask = a_codes == code
@@ -306,13 +421,38 @@ def compute_advantages_with_stats(
             std=float(adv[mask].std()),
             zero_std_frac=float(zero_std[mask].mean()),
         )
-    stat_group = g if mode == "grpo" else cell
+    return per_agent
+
+
+def _rae(
+    s: np.ndarray,
+    t: np.ndarray,
+    a_codes: np.ndarray,
+    agent_names: list[str],
+    baseline: RoleBaseline,
+    fallback: np.ndarray,
+) -> AdvantageResult:
+    """SPIRAL's RAE (module docstring): per (trajectory, agent) cell, in order of the cell's first sample in the
+    batch, every turn gets ``s - b_k`` with b_k read before the cell's own update ``b_k <- d b_k + (1-d) r``."""
+    cell = combine_keys(t, a_codes)
+    n_cell = int(cell.max()) + 1
+    r = np.bincount(cell, weights=s, minlength=n_cell) / np.bincount(cell, minlength=n_cell)
+    first = np.full(n_cell, s.shape[0], dtype=np.int64)
+    np.minimum.at(first, cell, np.arange(s.shape[0]))
+    b_cell = np.empty(n_cell)
+    for c in np.argsort(first, kind="stable"):
+        agent = agent_names[int(a_codes[first[c]])]
+        b_cell[c] = baseline.get(agent)
+        baseline.update(agent, float(r[c]))
+    adv = s - b_cell[cell]
+    zero_std = np.zeros(s.shape[0], dtype=bool)  # RAE divides by no std
     return AdvantageResult(
         advantages=adv,
         zero_std=zero_std,
-        per_agent=per_agent,
-        stat_group=stat_group.astype(np.int64),
+        per_agent=_per_agent(adv, zero_std, a_codes, agent_names),
+        stat_group=a_codes.astype(np.int64),
         turn_fallback=fallback,
+        baseline={name: baseline.get(name) for name in agent_names},
     )
 
 

@@ -98,13 +98,15 @@ class RngState(TypedDict):
 
 class TrainerState(TypedDict):
     """The driver's part of a checkpoint (``trainer_state.pt``): the step, the task sampler's position, the RNG
-    states, the run name and the model groups (checked on resume)."""
+    states, the run name and the model groups (checked on resume), and with ``advantage_mode: rae`` the
+    per-agent baselines."""
 
     step: int
     sampler: dict[str, object]  # TaskSampler.state_dict or TaskPool.state_dict
     rng: RngState
     run_name: str
     groups: list[str]
+    role_baseline: NotRequired[dict[str, object]]  # RoleBaseline.state_dict, advantage_mode rae only
 
 
 def save_checkpoint(

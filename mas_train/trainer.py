@@ -30,7 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mas_envs.core import text_env
-from mas_train.advantages import compute_advantages_with_stats
+from mas_train.advantages import RoleBaseline, compute_advantages_with_stats
 from mas_train.checkpoint import (
     TrainerState,
     load_trainer_state,
@@ -82,6 +82,8 @@ class MultiGroupTrainer:
             if cfg.task_pool.enabled
             else TaskSampler(parts.train_tasks, seed=cfg.seed)
         )
+        # advantage_mode rae: each agent's moving-average baseline, across steps (saved in checkpoints)
+        self.role_baseline = RoleBaseline(cfg.advantage_rae_decay) if cfg.advantage_mode == "rae" else None
         self.pool = parts.pool
         self.collector = parts.collector
         self.groups = list(resolved.model_groups)
@@ -162,6 +164,7 @@ class MultiGroupTrainer:
                 turn_ids=[s.turn for s in samples],
                 min_turn_samples=cfg.advantage_turn_min_samples,
                 stats=cfg.advantage_stats,
+                baseline=self.role_baseline,
             )
             adv = res.advantages
             metrics.update(res.metrics(prefix="charts/advantage"))
@@ -255,13 +258,16 @@ class MultiGroupTrainer:
     # -- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> TrainerState:
 
-        return {
+        state: TrainerState = {
             "step": self.step,
             "sampler": dict(self.sampler.state_dict()),
             "rng": rng_state(),
             "run_name": self.resolved.run_name,
             "groups": self.groups,
         }
+        if self.role_baseline is not None:
+            state["role_baseline"] = self.role_baseline.state_dict()
+        return state
 
     def save_checkpoint(self) -> Path:
         """Write ``<run_dir>/checkpoints/step-<step>`` (see :mod:`mas_train.checkpoint`) and delete checkpoints
@@ -292,6 +298,13 @@ class MultiGroupTrainer:
                 f"checkpoint {ckpt} was saved with task_pool.enabled {not isinstance(self.sampler, TaskPool)}; "
                 "resume with the same task_pool setting"
             )
+        if self.role_baseline is not None:
+            if "role_baseline" not in state:
+                raise ValueError(
+                    f"checkpoint {ckpt} has no RAE baseline (it was saved with another advantage_mode), so "
+                    "advantage_mode rae cannot continue it exactly; resume with the checkpoint's advantage_mode"
+                )
+            self.role_baseline.load_state_dict(state["role_baseline"])
         for g in self.groups:
             self.pool.worker(g).load(str(ckpt / "groups" / g))
         self.sampler.load_state_dict(state["sampler"])  # type: ignore[arg-type]

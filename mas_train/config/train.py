@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mas_train.advantages import RAE_DEFAULT_DECAY
 from mas_train.config.common import (
     ADVANTAGE_MODES,
     ADVANTAGE_SCOPES,
@@ -167,7 +168,8 @@ class TrainConfig:
     )
     advantage_mode: str = _help(
         "drmas: per-agent mean and std (Dr. MAS eq. 5); grpo: global (eq. 2); agent_mean: (mu_k, sigma); "
-        "agent_std: (mu, sigma_k).",
+        "agent_std: (mu, sigma_k); rae: SPIRAL's per-agent moving-average baseline, A = s - b_k, no std "
+        "(works at num_generations 1; docs/advantages.md 'RAE').",
         default="drmas",
     )
     advantage_scope: str = _help(
@@ -179,6 +181,11 @@ class TrainConfig:
         "advantage_scope turn: a (task group, agent, turn position) cell with fewer turns uses the agent's "
         "task-group statistics instead (docs/advantages.md 'Turn scope'); 1 = never.",
         default=2,
+    )
+    advantage_rae_decay: float = _help(
+        "advantage_mode rae: d in b_k <- d b_k + (1 - d) r, the decay of each agent's moving-average baseline "
+        "(SPIRAL's role_baseline_ema_gamma), in (0, 1).",
+        default=RAE_DEFAULT_DECAY,
     )
     advantage_eps: float = _help("epsilon in A = (s - mu)/(sigma + epsilon).", default=1e-6)
     advantage_stats: str = _help(
@@ -254,6 +261,36 @@ class TrainConfig:
         default=None,
     )
 
+    def _check_rae(self) -> None:
+        """RAE's decay only applies to rae, and the group statistics' settings do not apply to it: refuse
+        either mismatch rather than ignore it."""
+        if self.advantage_mode != "rae":
+            if self.advantage_rae_decay != RAE_DEFAULT_DECAY:
+                raise ConfigError(
+                    f"advantage_rae_decay is set but advantage_mode is {self.advantage_mode}, so it would do "
+                    "nothing; add --advantage_mode rae (or drop the setting)"
+                )
+            return
+        d = self.advantage_rae_decay
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < d < 1.0:
+            raise ConfigError(f"advantage_rae_decay must be a number in (0, 1) (SPIRAL: 0.95), got {d!r}")
+        for name, default in (
+            ("advantage_scope", "group"),
+            ("advantage_stats", "paper"),
+            ("advantage_eps", 1e-6),
+        ):
+            if getattr(self, name) != default:
+                raise ConfigError(
+                    f"{name} {getattr(self, name)!r} does not apply to advantage_mode rae (one moving-average "
+                    f"baseline per agent, no group statistics, no std); drop the setting"
+                )
+        if self.dynamic_sampling.enabled:
+            raise ConfigError(
+                "dynamic_sampling keeps only task groups whose agents' scores differ, but under advantage_mode rae "
+                "a group of equal scores still has signal (s - b_k, b_k from earlier steps); set "
+                "--dynamic_sampling.enabled false"
+            )
+
     def __post_init__(self) -> None:
         check_choice("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
         check_choice("advantage_scope", self.advantage_scope, ADVANTAGE_SCOPES)
@@ -263,6 +300,7 @@ class TrainConfig:
                 "advantage_scope: turn groups the per-agent statistics by turn position, and advantage_mode: grpo "
                 "has none; use advantage_mode drmas (or agent_mean / agent_std), or advantage_scope group"
             )
+        self._check_rae()
         check_min("advantage_turn_min_samples", self.advantage_turn_min_samples, 1)
         if self.advantage_turn_min_samples != 2 and self.advantage_scope != "turn":
             raise ConfigError(
@@ -288,11 +326,16 @@ class TrainConfig:
                         f"model_sharing[{agent!r}] = {group!r}: a group name may use letters, digits, '_', '.', '-'"
                     )
         check_min("num_generations", self.num_generations, 1)
-        if self.num_generations == 1 and (self.advantage_scope == "group" or self.tasks_per_step == 1):
+        if (
+            self.num_generations == 1
+            and self.advantage_mode != "rae"  # its baseline spans steps, not the task group
+            and (self.advantage_scope == "group" or self.tasks_per_step == 1)
+        ):
             raise ConfigError(
                 "num_generations must be >= 2: the advantages compare the G episodes of one task, and with G = 1 "
                 "every trajectory's advantage is 0, so nothing would be learned (TRL's GRPO requires 2 as well); "
-                "use --num_generations 2 or more (or advantage_scope: batch with tasks_per_step >= 2, which "
+                "use --num_generations 2 or more (or advantage_mode rae, whose baseline spans steps, or "
+                "advantage_scope: batch with tasks_per_step >= 2, which "
                 "compares the tasks of a step)"
             )
         for name, minimum in (

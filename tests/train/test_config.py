@@ -1030,6 +1030,7 @@ PAPER_RUN_AT_DDC0558 = {
 ADDED_SINCE_DDC0558 = {
     "advantage_turn_min_samples": 2,
     "advantage_stats": "paper",
+    "advantage_rae_decay": 0.95,  # issue 40: only read under advantage_mode rae
     "log_episodes": 4,
     "log_eval_episodes": 16,
     # issue 41: evaluation batching now a setting (8 tasks at a time, as before); task pool and dynamic sampling off

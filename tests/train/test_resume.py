@@ -45,14 +45,18 @@ def _trainer(tmp_path, model, run_name, **settings):
 
 
 POOLED = {"task_pool": {"enabled": True}, "dynamic_sampling": {"enabled": True, "max_rounds": 2}}
+RAE = {"advantage_mode": "rae"}  # its per-agent baselines carry over steps, so they must resume too
 
 
-@pytest.mark.parametrize("settings", [{}, POOLED], ids=["data-order", "task-pool+dynamic-sampling"])
+@pytest.mark.parametrize(
+    "settings", [{}, POOLED, RAE], ids=["data-order", "task-pool+dynamic-sampling", "rae-baseline"]
+)
 def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path, settings):
     a = _trainer(tmp_path, tiny_qwen3_path, "a", **settings)
     try:
         a.train_step()
         ckpt = a.save_checkpoint()
+        saved_baseline = a.role_baseline.state_dict() if a.role_baseline else None
         m2, extra2 = a.train_step()
         params_a = {k: v.clone() for k, v in a.pool.worker("shared").model.state_dict().items()}
     finally:
@@ -62,6 +66,7 @@ def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path, settings
     try:
         b.load_checkpoint(ckpt)
         assert b.step == 1
+        assert (b.role_baseline.state_dict() if b.role_baseline else None) == saved_baseline
         assert b.pool.worker("shared").policy.trainer.state.global_step == 1
         m2b, extra2b = b.train_step()
         params_b = b.pool.worker("shared").model.state_dict()
@@ -72,7 +77,12 @@ def test_resume_in_process_continues_exactly(tmp_path, tiny_qwen3_path, settings
         assert m2b[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-7), k
     for k, v in params_a.items():
         torch.testing.assert_close(params_b[k], v, rtol=1e-5, atol=1e-6)
-    if settings:  # the pool's solve rates and draws continued too, and a run without the pool refuses it
+    if settings is RAE:  # the baselines moved on from the restored ones exactly as in the uninterrupted run
+        assert saved_baseline is not None and saved_baseline["counts"] == {"solver": 4, "verifier": 4}
+        for agent in ("solver", "verifier"):
+            k = f"charts/advantage/baseline/{agent}"
+            assert m2b[k] == m2[k] and m2[k] != saved_baseline["values"][agent], k
+    elif settings:  # the pool's solve rates and draws continued too, and a run without the pool refuses it
         assert b.sampler.state_dict() == a.sampler.state_dict()
         c = _trainer(tmp_path, tiny_qwen3_path, "c")
         try:
