@@ -97,11 +97,13 @@ baseline would inflate agent k's gradient second moment (Lemma 4.2):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+
+from mas_train.cells import combine_keys, factorize, factorize_named, finite_scores, mean_std_by_key
+from mas_train.role_baseline import RAE_DEFAULT_DECAY, RoleBaseline
 
 __all__ = [
     "DEFAULT_MIN_TURN_SAMPLES",
@@ -122,78 +124,12 @@ __all__ = [
 ]
 
 MODES = ("drmas", "grpo", "agent_mean", "agent_std", "rae")
-#: SPIRAL's ``role_baseline_ema_gamma`` (train_spiral.py line 79)
-RAE_DEFAULT_DECAY = 0.95
 SCOPES = ("group", "batch", "turn")
 #: how a cell's mean and std are estimated: the paper's population std (a one-value cell gives no signal), or the
 #: reference code's unbiased std (a one-value cell gives its raw score); see the module docstring
 STATS = ("paper", "reference")
 #: turn-scope cells with fewer turns than this use the agent's task-group statistics (docs/advantages.md)
 DEFAULT_MIN_TURN_SAMPLES = 2
-
-# A std below this (relative to the magnitude of the mean) is rounding noise of equal values, i.e. zero.
-_ZERO_STD_RTOL = 1e-12
-
-
-class RoleBaseline:
-    """RAE's state across steps: per agent (seat) an exponential moving average of its trajectory scores.
-
-    One object lives for a whole run (the trainer keeps it and saves it in its checkpoints); each call of
-    :func:`compute_advantages_with_stats` with ``mode="rae"`` reads and updates it (module docstring).
-
-    Args:
-        decay: d in ``b <- d * b + (1 - d) * r``, in (0, 1) (SPIRAL: 0.95).
-
-    Attributes:
-        values: agent id -> baseline b_k (an agent not yet seen has b_k = 0, as SPIRAL's ``EMA`` starts at 0).
-        counts: agent id -> number of updates (trajectories of that agent scored so far).
-
-    Raises:
-        ValueError: decay not in (0, 1).
-    """
-
-    def __init__(self, decay: float = RAE_DEFAULT_DECAY) -> None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) < 1.0:
-            raise ValueError(
-                f"the RAE baseline decay must be a number in (0, 1) (SPIRAL: 0.95), got {decay!r}"
-            )
-        self.decay = float(decay)
-        self.values: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-
-    def get(self, agent: str) -> float:
-        """b_k of ``agent`` (0 before its first update)."""
-        return self.values.get(agent, 0.0)
-
-    def update(self, agent: str, r: float) -> float:
-        """``b_k <- d * b_k + (1 - d) * r``; returns the new b_k."""
-        b = self.decay * self.get(agent) + (1.0 - self.decay) * float(r)
-        self.values[agent] = b
-        self.counts[agent] = self.counts.get(agent, 0) + 1
-        return b
-
-    def state_dict(self) -> dict[str, object]:
-        """Plain data (floats, ints, strings) for a checkpoint."""
-        return {"decay": self.decay, "values": dict(self.values), "counts": dict(self.counts)}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output (the decay stays this object's own).
-
-        Raises:
-            ValueError: the saved decay differs from this one (the resumed run would not continue the same
-                moving average).
-        """
-        decay = float(state["decay"])
-        if decay != self.decay:
-            raise ValueError(
-                f"the checkpoint's RAE baseline has decay {decay} but this run has {self.decay}; resume with "
-                f"advantage_rae_decay {decay}"
-            )
-        self.values = {str(k): float(v) for k, v in state["values"].items()}
-        self.counts = {str(k): int(v) for k, v in state["counts"].items()}
-
-    def __repr__(self) -> str:
-        return f"RoleBaseline(decay={self.decay}, values={self.values}, counts={self.counts})"
 
 
 @dataclass(frozen=True)
@@ -491,73 +427,3 @@ def _turn_positions(
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n) - run_start
     return position
-
-
-def finite_scores(scores: Sequence[float] | np.ndarray) -> np.ndarray:
-    """``scores`` as a 1-D float64 array.
-
-    Raises:
-        ValueError: not 1-D, or a NaN/inf score (it would reach every advantage of its task group).
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 1:
-        raise ValueError(f"scores must be 1-D (one per sample), got shape {s.shape}")
-    bad = np.flatnonzero(~np.isfinite(s))
-    if bad.size:
-        raise ValueError(
-            f"scores contain {bad.size} NaN/inf value(s), first at indices {bad[:5].tolist()}: "
-            f"{s[bad[:5]].tolist()}; check the reward function and the invalid-action penalty"
-        )
-    return s
-
-
-def mean_std_by_key(
-    values: np.ndarray, keys: np.ndarray, *, stats: str = "paper"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-key mean and std of ``values`` (``(N,)`` float) grouped by ``keys`` (``(N,)`` int codes 0..K-1).
-
-    ``stats="paper"``: the mean and the population std (ddof = 0). ``stats="reference"``: the mean and the
-    unbiased std (ddof = 1), and a key with one value gets mean 0 and std 1 (the reference code's rule, module
-    docstring). A std that is rounding noise of equal values is returned as exactly 0.
-
-    Returns:
-        ``(mean, std)``, each ``(K,)`` float64, indexed by key code (keys without values get 0, 0).
-    """
-    k = int(keys.max()) + 1
-    count = np.bincount(keys, minlength=k)
-    safe = np.maximum(count, 1)  # keys without values get 0/1; they are never indexed
-    mean = np.bincount(keys, weights=values, minlength=k) / safe
-    # two-pass variance: exact 0 for identical values far more often than E[x^2] - E[x]^2
-    sq = np.bincount(keys, weights=(values - mean[keys]) ** 2, minlength=k)
-    ddof = 1 if stats == "reference" else 0
-    std = np.sqrt(sq / np.maximum(count - ddof, 1))
-    std[std <= _ZERO_STD_RTOL * np.maximum(1.0, np.abs(mean))] = 0.0
-    if stats == "reference":
-        single = count == 1
-        mean[single], std[single] = 0.0, 1.0
-    return mean, std
-
-
-def factorize(ids: Sequence[Hashable] | np.ndarray, name: str, n: int) -> np.ndarray:
-    return factorize_named(ids, name, n)[0]
-
-
-def factorize_named(ids: Sequence[Hashable] | np.ndarray, name: str, n: int) -> tuple[np.ndarray, list[str]]:
-    """Integer codes 0..K-1 in order of first appearance, and the K ids as strings."""
-    ids_list = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
-    if len(ids_list) != n:
-        raise ValueError(f"{name} has {len(ids_list)} entries but scores has {n}; give one per sample")
-    index: dict[Hashable, int] = {}
-    try:
-        codes = np.fromiter((index.setdefault(x, len(index)) for x in ids_list), dtype=np.int64, count=n)
-    except TypeError as err:  # unhashable ids, e.g. lists
-        raise ValueError(f"{name} must hold hashable ids (str or int), got {err}") from None
-    return codes, [str(x) for x in index]
-
-
-def combine_keys(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
-    """Codes of the pairs (outer, inner), dense 0..K-1."""
-    if outer.size == 0:
-        return outer
-    pair = outer * (int(inner.max()) + 1) + inner
-    return np.unique(pair, return_inverse=True)[1].reshape(-1).astype(np.int64)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mas_train.advantages import combine_keys, factorize, factorize_named, finite_scores, mean_std_by_key
+from mas_train.cells import combine_keys, factorize, factorize_named, finite_scores, mean_std_by_key
 
 __all__ = ["AgentLemmaStats", "lemma_factors", "lemma_metrics", "lld_metrics", "noise_share", "success_logp"]
 

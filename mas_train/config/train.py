@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mas_train.advantages import RAE_DEFAULT_DECAY
+from mas_train.config.advantage_checks import check_advantage_settings
 from mas_train.config.common import (
-    ADVANTAGE_MODES,
-    ADVANTAGE_SCOPES,
-    ADVANTAGE_STATS,
     BACKENDS,
     DTYPES,
     GROUP_NAME_RE,
@@ -261,52 +259,8 @@ class TrainConfig:
         default=None,
     )
 
-    def _check_rae(self) -> None:
-        """RAE's decay only applies to rae, and the group statistics' settings do not apply to it: refuse
-        either mismatch rather than ignore it."""
-        if self.advantage_mode != "rae":
-            if self.advantage_rae_decay != RAE_DEFAULT_DECAY:
-                raise ConfigError(
-                    f"advantage_rae_decay is set but advantage_mode is {self.advantage_mode}, so it would do "
-                    "nothing; add --advantage_mode rae (or drop the setting)"
-                )
-            return
-        d = self.advantage_rae_decay
-        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < d < 1.0:
-            raise ConfigError(f"advantage_rae_decay must be a number in (0, 1) (SPIRAL: 0.95), got {d!r}")
-        for name, default in (
-            ("advantage_scope", "group"),
-            ("advantage_stats", "paper"),
-            ("advantage_eps", 1e-6),
-        ):
-            if getattr(self, name) != default:
-                raise ConfigError(
-                    f"{name} {getattr(self, name)!r} does not apply to advantage_mode rae (one moving-average "
-                    f"baseline per agent, no group statistics, no std); drop the setting"
-                )
-        if self.dynamic_sampling.enabled:
-            raise ConfigError(
-                "dynamic_sampling keeps only task groups whose agents' scores differ, but under advantage_mode rae "
-                "a group of equal scores still has signal (s - b_k, b_k from earlier steps); set "
-                "--dynamic_sampling.enabled false"
-            )
-
     def __post_init__(self) -> None:
-        check_choice("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
-        check_choice("advantage_scope", self.advantage_scope, ADVANTAGE_SCOPES)
-        check_choice("advantage_stats", self.advantage_stats, ADVANTAGE_STATS)
-        if self.advantage_scope == "turn" and self.advantage_mode == "grpo":
-            raise ConfigError(
-                "advantage_scope: turn groups the per-agent statistics by turn position, and advantage_mode: grpo "
-                "has none; use advantage_mode drmas (or agent_mean / agent_std), or advantage_scope group"
-            )
-        self._check_rae()
-        check_min("advantage_turn_min_samples", self.advantage_turn_min_samples, 1)
-        if self.advantage_turn_min_samples != 2 and self.advantage_scope != "turn":
-            raise ConfigError(
-                f"advantage_turn_min_samples {self.advantage_turn_min_samples} only applies with advantage_scope "
-                f"turn (this run groups by {self.advantage_scope!r}); set advantage_scope turn or drop it"
-            )
+        check_advantage_settings(self)
         check_choice("backend", self.backend, BACKENDS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("pool", self.pool, POOLS)
@@ -325,19 +279,6 @@ class TrainConfig:
                     raise ConfigError(
                         f"model_sharing[{agent!r}] = {group!r}: a group name may use letters, digits, '_', '.', '-'"
                     )
-        check_min("num_generations", self.num_generations, 1)
-        if (
-            self.num_generations == 1
-            and self.advantage_mode != "rae"  # its baseline spans steps, not the task group
-            and (self.advantage_scope == "group" or self.tasks_per_step == 1)
-        ):
-            raise ConfigError(
-                "num_generations must be >= 2: the advantages compare the G episodes of one task, and with G = 1 "
-                "every trajectory's advantage is 0, so nothing would be learned (TRL's GRPO requires 2 as well); "
-                "use --num_generations 2 or more (or advantage_mode rae, whose baseline spans steps, or "
-                "advantage_scope: batch with tasks_per_step >= 2, which "
-                "compares the tasks of a step)"
-            )
         for name, minimum in (
             ("tasks_per_step", 1),
             ("max_steps", 1),
