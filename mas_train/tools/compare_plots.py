@@ -171,9 +171,15 @@ def _factor_norm_figure(
         return None
     plt = pyplot()
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(max(7.0, 5.2 * len(panels)), 4.4), squeeze=False, constrained_layout=True
+        1,
+        len(panels),
+        figsize=(max(7.0, 5.2 * len(panels)), 4.4),
+        squeeze=False,
+        sharex=True,  # one factor axis for every agent: an agent whose factor is always 1 reads as a thin column
+        constrained_layout=True,
     )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    x_max = 1.0
     for ax, a in zip(axes.flat, panels, strict=True):
         for j, (mode, rs) in enumerate(by_mode.items()):
             pts = []
@@ -188,6 +194,7 @@ def _factor_norm_figure(
             if not pts:
                 continue
             x, y = np.array(pts).T
+            x_max = max(x_max, float(x.max()))
             c = colors[j % len(colors)]
             live = y > 0
             ax.scatter(x[live], y[live], s=18, alpha=0.7, color=c, label=f"{mode} ({int(live.sum())} steps)")
