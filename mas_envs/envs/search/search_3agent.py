@@ -74,7 +74,9 @@ penalty c, as in the returns, and does not zero the score.
 **Prompt styles.** `prompt_style="paper"` (default): the prompts above, right for 4B+ models and the paper's
 runs. `"fewshot"`, for ~100M models (`mas_envs.envs.search.prompts`): a one-line system turn and worked
 examples as earlier chat turns (question and search history → the reply in the exact format), then the live
-question and search history in the same shape; the searcher does not see the verifier's reply. Tags, parsing,
+question and search history in the same shape; the searcher does not see the verifier's reply. With
+`first_turn="verify"` the verifier's examples start with the turn-1 state ("No search yet." → no); with
+`first_turn="search"` it never sees that state and its prompt is unchanged. Tags, parsing,
 passage rendering, rewards and turn order are the same in both.
 
 **Arguments.** `retriever`: an object with `search(queries, topk)`, a URL or list of URLs of a
@@ -87,7 +89,7 @@ or `answer`: a string, a number or a list of them), else `reset` raises `ValueEr
 
 **Version history.** v0: first version; `prompt_style`, the episode metrics besides `retrieval_errors` and
 the role scores (`infos[agent]["role_rewards"]`, side information), `first_turn`, `malformed_answer` and
-`verifier_yes_turn1` added later (the default, `"paper"`, is the
+`verifier_yes_turn1` added later; the fewshot verifier's turn-1 example (only with `first_turn="verify"`) too (the default, `"paper"`, is the
 v0 prompt unchanged, and parsing, observations and returns did not change).
 """
 
@@ -286,7 +288,9 @@ class SearchThreeAgentEnv(SearchEnv):
     # --- prompts -----------------------------------------------------------------------------------------
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         if self.prompt_style == "fewshot":
-            return fewshot_3agent_messages(agent, self.current_task["question"], self.history)
+            return fewshot_3agent_messages(
+                agent, self.current_task["question"], self.history, verify_first=self.first_turn == "verify"
+            )
         parts = [f"Question: {self.current_task['question']}", render_history(self.history)]
         if agent == SEARCHER and self.verifier_reply is not None:
             parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
