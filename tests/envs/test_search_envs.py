@@ -175,16 +175,16 @@ def test_malformed_answer_end_or_continue():
     actors, returns = play(env, ["<verify>yes</verify>", "Ulaanbaatar"])
     assert actors == ["verifier", "answerer"] and all(env.terminations.values())
     assert returns == {"verifier": 0.0, "searcher": 0.0, "answerer": -0.01}
-    # continue: the turn is recorded, the next turn starts with the verifier, and the searched evidence answers
+    # continue: the next turn starts with the verifier, and the searched evidence answers
     env = SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES), max_turns=3, malformed_answer="continue")
     env.reset(options={"task": TASK})
+    turn_1 = env.observe("verifier")
     play(env, ["<verify>yes</verify>", f"{THINK}<search>Mongolia</search>"])  # a search is not an answer
     assert env.agent_selection == "verifier" and not any(env.terminations.values())
     assert env.infos["answerer"]["invalid_action"] is True
-    assert "No answer was given: <search> is not this agent's action.</information>" in env.observe(
-        "verifier"
-    )
-    assert "This is turn 2 of 3." in env.observe("verifier")
+    # the verifier sees what it saw on turn 1, one turn later: the answer-less turn adds nothing to the history
+    assert "Search history: none yet." in turn_1
+    assert env.observe("verifier") == turn_1.replace("This is turn 1 of 3.", "This is turn 2 of 3.")
     # turn 2: no -> search; turn 3 is the last (last_turn="answer"): the answerer answers
     actors, returns = play(
         env,

@@ -31,10 +31,11 @@ Turn `t` of `max_turns`:
   it: the parse yields no graded answer; a graded answer without `<think>` still ends the episode, penalised).
   `malformed_answer="end"` (default): the episode ends with R = 0. `malformed_answer="continue"` (the
   reference's behaviour: its answer agent's reply without an answer becomes the empty env action, and its env
-  ends an episode only on an `<answer>` action or at the turn limit): the answerer gets the penalty c, the turn
-  is recorded in the history as `<information>No answer was given: <reason>.</information>` (as a searcher turn
-  that ran no search is), and turn `t + 1` starts; on turn `max_turns` the episode ends with R = 0. So the
-  answerer can act more than once per episode.
+  ends an episode only on an `<answer>` action or at the turn limit): the answerer gets the penalty c and turn
+  `t + 1` starts, as if the answerer had not been asked: the search history is unchanged (so in the paper style
+  its "Turn n" labels then count searches, not turns); on turn `max_turns` the episode ends with R = 0. So the
+  answerer can act more than once per episode. (A history note "No answer was given" was tried: SmolLM2-135M's
+  verifier, answerer and searcher copied it into their replies.)
 
 **Parsing** (see `mas_envs.envs.search.common`). Verifier: the verdict is the first complete
 `<verify>…</verify>` block (generation stops at `</verify>`), lower-cased; anything but `yes`/`no` is
@@ -260,10 +261,8 @@ class SearchThreeAgentEnv(SearchEnv):
         self.answer = parsed.content if parsed.kind == "answer" else None
         self.role_scores[self.turn] = score_answer(self.answer, self.current_task)[0]
         if self.answer is None and self.malformed_answer == "continue" and self.search_turn < self.turn_limit:
-            # the reference: no answer is the empty action, the episode goes on to the next turn
-            info = information_block(f"No answer was given: {parsed.reason}.")
-            self.history.append(("", info))
-            self._note_after(info)
+            # the reference: no answer is the empty action, the episode goes on to the next turn; nothing is
+            # added to the history (a note there was copied by the 135M agents into their replies)
             self.search_turn += 1
             self.verifier_reply = None
             return Transition(invalid=True, next_agent=self._turn_opener())
