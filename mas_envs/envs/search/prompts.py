@@ -84,6 +84,10 @@ FEWSHOT_EXAMPLES_3AGENT: dict[str, tuple[tuple[str, tuple[tuple[str, str], ...],
 # reference's order): with first_turn="search" it never sees that state, so the default setting's prompts stay
 # byte-identical to the ones its measured numbers were taken with. Placed first, so the live turn-1 state matches
 # an example that says no, while the last example (the one a small model copies most) stays the 2-hop no.
+# Measured in the reference order (max_turns 4, first_turn/last_turn "verify", malformed_answer "continue"; 8 dev
+# questions x 4, SmolLM2-135M, T = 0.6): without it the turn-1 reply had no valid verdict 94 % of the time (the
+# model wrote "No search yet." with no tags; 65 % of all verdicts invalid, routed to an answerer with no evidence)
+# and avg@4 was 0.03; with it turn-1 invalid 19 %, turn-1 yes 3 %, all verdicts invalid 8 %, avg@4 0.16.
 FEWSHOT_VERIFIER_NO_SEARCH_YET = (_Q1, (), "Nothing is searched yet. <verify>no</verify>")
 
 
