@@ -168,6 +168,49 @@ def test_last_turn_verify_mode_late_no_is_worth_zero():
     assert env.terminations["answerer"] and env.infos["answerer"]["answer"] is None
 
 
+def test_malformed_answer_end_or_continue():
+    # the default ends the episode on an answer-less reply, R = 0
+    env = SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES))
+    env.reset(options={"task": TASK})
+    actors, returns = play(env, ["<verify>yes</verify>", "Ulaanbaatar"])
+    assert actors == ["verifier", "answerer"] and all(env.terminations.values())
+    assert returns == {"verifier": 0.0, "searcher": 0.0, "answerer": -0.01}
+    # continue: the next turn starts with the verifier, and the searched evidence answers
+    env = SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES), max_turns=3, malformed_answer="continue")
+    env.reset(options={"task": TASK})
+    turn_1 = env.observe("verifier")
+    play(env, ["<verify>yes</verify>", f"{THINK}<search>Mongolia</search>"])  # a search is not an answer
+    assert env.agent_selection == "verifier" and not any(env.terminations.values())
+    assert env.infos["answerer"]["invalid_action"] is True
+    # the verifier sees what it saw on turn 1, one turn later: the answer-less turn adds nothing to the history
+    assert "Search history: none yet." in turn_1
+    assert env.observe("verifier") == turn_1.replace("This is turn 1 of 3.", "This is turn 2 of 3.")
+    # turn 2: no -> search; turn 3 is the last (last_turn="answer"): the answerer answers
+    actors, returns = play(
+        env,
+        [
+            "<verify>no</verify>",
+            f"{THINK}<search>capital of Mongolia</search>",
+            f"{THINK}<answer>Ulaanbaatar</answer>",
+        ],
+    )
+    assert actors == ["verifier", "searcher", "answerer"]
+    assert returns == {
+        "verifier": 1.0,
+        "searcher": 1.0,
+        "answerer": 1.0,
+    }  # the turn-1 -c came in an earlier step
+    assert env.infos["answerer"]["num_searches"] == 1  # the answer-less turn is no search
+    # on the last turn an answer-less reply ends the episode (no turn left), R = 0, even with continue
+    env = SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES), max_turns=1, malformed_answer="continue")
+    env.reset(options={"task": TASK})
+    actors, returns = play(env, ["no tags"])
+    assert actors == ["answerer"] and all(env.terminations.values())
+    assert env.infos["answerer"]["team_reward"] == 0.0 and env.infos["answerer"]["answer"] is None
+    with pytest.raises(ValueError, match="malformed_answer must be 'end' or 'continue', got 'retry'"):
+        SearchThreeAgentEnv(malformed_answer="retry")
+
+
 def test_verify_mode_prompt_warns_on_the_last_turn():
     env = SearchThreeAgentEnv(retriever=KeywordRetriever(PASSAGES), max_turns=2, last_turn="verify")
     env.reset(options={"task": TASK})

@@ -52,6 +52,7 @@ def test_two_hop_found_verified_and_answered():
         "turns/answerer": 1.0,
         "verifier_accuracy": 1.0,
         "verifier_yes_rate": 1 / 3,
+        "verifier_yes_turn1": 0.0,  # turn 1 said no
     }
 
 
@@ -80,6 +81,20 @@ def test_no_after_the_evidence_arrived_is_wrong_and_invalid_verdicts_are_not_cou
         0.0,
         1.0,
     )
+
+
+def test_verifier_yes_turn1_is_the_turn_1_verdict_only():
+    # yes before any search: 1 (then the answer ends it)
+    assert _three([YES, _answer("Prenia")])["verifier_yes_turn1"] == 1.0
+    # no on turn 1, yes on turn 2: 0 (only turn 1 counts)
+    assert _three([NO, _search("Kelvor"), YES, _answer("Prenia")])["verifier_yes_turn1"] == 0.0
+    # no verdict on turn 1 counts as not yes (it routes to the answerer, but is not a yes), and with
+    # malformed_answer="continue" the turn-2 yes after the answer-less turn is not a turn-1 verdict either
+    m = _three(["maybe", "no tags", YES, _answer("Prenia")], malformed_answer="continue")
+    assert (m["verifier_yes_turn1"], m["verifier_yes_rate"], m["turns/answerer"]) == (0.0, 1.0, 2.0)
+    # the verifier not asked on turn 1: absent (the trainer's mean is over the episodes that report it)
+    m = _three([_search("Kelvor"), YES, _answer("Prenia")], first_turn="search")
+    assert "verifier_yes_turn1" not in m and m["verifier_yes_rate"] == 1.0
 
 
 def test_one_agent_metrics():

@@ -811,6 +811,44 @@ def test_plain_search_run_is_its_written_out_example_config_and_the_paper_settin
         assert paper.eval_num_tasks == TrainConfig().eval_num_tasks, argv
 
 
+def test_reference_search_example_config_is_the_plain_search_run_with_the_reference_turn_order():
+    from pathlib import Path
+
+    import mas_envs
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "search_3agent_reference.yaml"
+    reference = TrainConfig.from_yaml(path)
+    plain = parse_args(["--env", "search-3agent"])
+    # the grpo defaults restated (as in search_3agent_cpu.yaml) and the turn order: nothing else differs
+    assert config_diff(plain, reference) == {
+        "grpo.loss_type": (None, "dapo"),
+        "grpo.epsilon": (None, 0.2),
+        "grpo.beta": (None, 0.0),
+        "env_kwargs.max_turns": (3, 4),
+        "env_kwargs.first_turn": ("search", "verify"),
+        "env_kwargs.last_turn": (None, "verify"),
+        "env_kwargs.malformed_answer": (None, "continue"),
+    }
+    assert reference.env_kwargs == {
+        "prompt_style": "fewshot",
+        "retriever": "multihop?seed=0",
+        "topk": 1,
+        "max_turns": 4,
+        "first_turn": "verify",
+        "last_turn": "verify",
+        "malformed_answer": "continue",
+    }
+    # the same run from the command line, and the env accepts the kwargs (the retriever resolves lazily)
+    assert parse_args(["--config", str(path)]) == reference
+    env = mas_envs.make("search-3agent", **reference.env_kwargs).unwrapped
+    assert (env.turn_limit, env.first_turn, env.last_turn, env.malformed_answer) == (
+        4,
+        "verify",
+        "verify",
+        "continue",
+    )
+
+
 def test_resume_takes_the_runs_saved_config_as_base(tmp_path):
     saved = TrainConfig(
         env="math-1agent", max_steps=4, learning_rate=3e-6, output_dir=str(tmp_path), run_name="r1"

@@ -2,13 +2,13 @@
 
 | | |
 |---|---|
-| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, first_turn="verify", last_turn="answer", prompt_style="paper")` |
+| Creation | `mas_envs.make("search-3agent", retriever=None, topk=3, max_turns=4, first_turn="verify", last_turn="answer", malformed_answer="end", prompt_style="paper")` |
 | Agents | `verifier`, `searcher`, `answerer` |
-| Turn order | each turn: `verifier` → (`no`) `searcher` → next turn, or (`yes`) `answerer` → end |
+| Turn order | each turn: `verifier` → (`no`) `searcher` → next turn, or (`yes`) `answerer` → end (with `malformed_answer="continue"`, an answerer reply without an answer → next turn) |
 | Observation | the agent's prompt: question, every past query with its `<information>` block, role instructions |
 | Action | any text. verifier: reasoning ending in `<verify>yes</verify>` or `<verify>no</verify>`; searcher: `<think>…</think><search>query</search>`; answerer: `<think>…</think><answer>…</answer>` |
 | Reward | R = exact match of the answer against `golden_answers` after SQuAD normalisation (0 without an answer), to every agent at the end; `-c` (default c = 0.01) to an agent on an invalid action |
-| Termination | the answerer answered (or, with `last_turn="verify"`, the verifier said no on the last turn) |
+| Termination | the answerer acted (with `malformed_answer="continue"`: gave an answer, or acted on the last turn), or, with `last_turn="verify"`, the verifier said no on the last turn |
 | Truncation | never: the last turn always ends in a termination |
 | infos at the end | `team_reward`, `success` (EM = 1), `f1` (token F1, SQuAD), `answer` (graded text or `None`), `num_searches`, `episode_metrics` and `role_rewards` (below) |
 
@@ -27,6 +27,15 @@ Turn `t` of `max_turns`:
 * `t == max_turns`, `last_turn="verify"` (the reference's behaviour): the verifier is asked; `yes` → the
   answerer answers, `no` → the episode ends with no answer and R = 0. The reference makes a late `no` worth
   nothing; this option reproduces it exactly for comparison with the paper.
+* An answerer reply that gives no answer (no complete `<answer>…</answer>` block, or a `<search>` tag before
+  it: the parse yields no graded answer; a graded answer without `<think>` still ends the episode, penalised).
+  `malformed_answer="end"` (default): the episode ends with R = 0. `malformed_answer="continue"` (the
+  reference's behaviour: its answer agent's reply without an answer becomes the empty env action, and its env
+  ends an episode only on an `<answer>` action or at the turn limit): the answerer gets the penalty c and turn
+  `t + 1` starts, as if the answerer had not been asked: the search history is unchanged (so in the paper style
+  its "Turn n" labels then count searches, not turns); on turn `max_turns` the episode ends with R = 0. So the
+  answerer can act more than once per episode. (A history note "No answer was given" was tried: SmolLM2-135M's
+  verifier, answerer and searcher copied it into their replies.)
 
 **Parsing** (see `mas_envs.envs.search.common`). Verifier: the verdict is the first complete
 `<verify>…</verify>` block (generation stops at `</verify>`), lower-cased; anything but `yes`/`no` is
@@ -41,9 +50,12 @@ the verifier's reply of this turn (its teammate's reasoning, as in the reference
 **Episode metrics** (`infos[agent]["episode_metrics"]`, logged as `env/<name>` and `eval/env/<name>`):
 `searches` (retriever calls), `retrieval_errors` (failed ones), `evidence_hit` (1 if a retrieved passage
 contains a golden answer, SQuAD-normalised, whole words), `answer_em`, `answer_f1`, `turns/verifier`,
-`turns/searcher`, `turns/answerer` (actions per agent), and over the episode's valid verdicts
+`turns/searcher`, `turns/answerer` (actions per agent), over the episode's valid verdicts
 `verifier_accuracy` (a verdict is right when it says yes exactly when the passages retrieved so far contain the
-answer) and `verifier_yes_rate` (both absent without a valid verdict).
+answer) and `verifier_yes_rate` (both absent without a valid verdict), and `verifier_yes_turn1`: 1 if the
+verifier's turn-1 reply is a `yes` verdict (before any search), 0 if it is `no` or no verdict; absent when the
+verifier is not asked on turn 1 (`first_turn="search"`, or `max_turns=1` with `last_turn="answer"`). Its mean
+is the fraction of episodes whose verifier said yes before any search.
 
 **Role rewards** (`Outcome.role_rewards`, `infos[agent]["role_rewards"]` at the end, turn -> score; they
 never enter the returns, a trainer weighs them in with `agents.<agent>.reward_weights`; docs/envs.md "Role
@@ -63,19 +75,22 @@ penalty c, as in the returns, and does not zero the score.
 **Prompt styles.** `prompt_style="paper"` (default): the prompts above, right for 4B+ models and the paper's
 runs. `"fewshot"`, for ~100M models (`mas_envs.envs.search.prompts`): a one-line system turn and worked
 examples as earlier chat turns (question and search history → the reply in the exact format), then the live
-question and search history in the same shape; the searcher does not see the verifier's reply. Tags, parsing,
+question and search history in the same shape; the searcher does not see the verifier's reply. With
+`first_turn="verify"` the verifier's examples start with the turn-1 state ("No search yet." → no); with
+`first_turn="search"` it never sees that state and its prompt is unchanged. Tags, parsing,
 passage rendering, rewards and turn order are the same in both.
 
 **Arguments.** `retriever`: an object with `search(queries, topk)`, a URL or list of URLs of a
 `mas-index serve` / Search-R1 server, an index directory, a `multihop?seed=N` spec (FAISS over the generated
 world's corpus, `mas_envs.envs.search.multihop`), or `None` for the bundled HotpotQA index (built on
 first use from shipped embeddings; needs the `search` extra). `topk` passages per search. `max_turns` turns.
-`first_turn` and `last_turn` as above. A query is cut to its first 512 characters (`MAX_QUERY_CHARS`) before it is
+`first_turn`, `last_turn` and `malformed_answer` as above. A query is cut to its first 512 characters (`MAX_QUERY_CHARS`) before it is
 searched, without penalty; the history shows the cut query. A task needs a usable gold answer (`golden_answers`
 or `answer`: a string, a number or a list of them), else `reset` raises `ValueError`. `tasks`, `invalid_action_penalty`, `render_mode` as in `TextAECEnv`.
 
 **Version history.** v0: first version; `prompt_style`, the episode metrics besides `retrieval_errors` and
-the role scores (`infos[agent]["role_rewards"]`, side information) and `first_turn` added later (the default, `"paper"`, is the
+the role scores (`infos[agent]["role_rewards"]`, side information), `first_turn`, `malformed_answer` and
+`verifier_yes_turn1` added later; the fewshot verifier's turn-1 example (only with `first_turn="verify"`) too (the default, `"paper"`, is the
 v0 prompt unchanged, and parsing, observations and returns did not change).
 """
 
@@ -162,6 +177,7 @@ class SearchThreeAgentEnv(SearchEnv):
         max_turns: int = 4,
         first_turn: str = "verify",
         last_turn: str = "answer",
+        malformed_answer: str = "end",
         prompt_style: str = "paper",
         tasks: Sequence[dict[str, Any]] | str | None = None,
         invalid_action_penalty: float | None = None,
@@ -173,6 +189,8 @@ class SearchThreeAgentEnv(SearchEnv):
             raise ValueError(f"first_turn must be 'verify' or 'search', got {first_turn!r}")
         if last_turn not in ("answer", "verify"):
             raise ValueError(f"last_turn must be 'answer' or 'verify', got {last_turn!r}")
+        if malformed_answer not in ("end", "continue"):
+            raise ValueError(f"malformed_answer must be 'end' or 'continue', got {malformed_answer!r}")
         super().__init__(
             retriever=retriever,
             topk=topk,
@@ -185,6 +203,7 @@ class SearchThreeAgentEnv(SearchEnv):
         self.turn_limit = max_turns
         self.first_turn = first_turn
         self.last_turn = last_turn
+        self.malformed_answer = malformed_answer
 
     # --- episode logic -----------------------------------------------------------------------------------
     def start_episode(self, task: dict[str, Any]) -> str:
@@ -194,6 +213,7 @@ class SearchThreeAgentEnv(SearchEnv):
         self.verifier_reply: str | None = None
         self.answer: str | None = None
         self.verdicts: list[tuple[bool, bool]] = []  # (said yes, right: yes exactly when the evidence has it)
+        self.yes_turn1: bool | None = None  # the verifier's turn-1 reply was a yes verdict; None: not asked
         return self._turn_opener()
 
     def _turn_opener(self) -> str:
@@ -213,6 +233,8 @@ class SearchThreeAgentEnv(SearchEnv):
             right = not invalid and (verdict == "yes") == self.evidence_has_answer()
             if not invalid:  # one rule for the metric and the role score; a reply without a verdict scores 0
                 self.verdicts.append((verdict == "yes", right))
+            if self.search_turn == 1:
+                self.yes_turn1 = verdict == "yes"
             self.role_scores[self.turn] = float(right)
             if verdict == "no":
                 if self.search_turn >= self.turn_limit:
@@ -238,6 +260,12 @@ class SearchThreeAgentEnv(SearchEnv):
         parsed = parse_action(action, allowed=("answer",))
         self.answer = parsed.content if parsed.kind == "answer" else None
         self.role_scores[self.turn] = score_answer(self.answer, self.current_task)[0]
+        if self.answer is None and self.malformed_answer == "continue" and self.search_turn < self.turn_limit:
+            # the reference: no answer is the empty action, the episode goes on to the next turn; nothing is
+            # added to the history (a note there was copied by the 135M agents into their replies)
+            self.search_turn += 1
+            self.verifier_reply = None
+            return Transition(invalid=True, next_agent=self._turn_opener())
         return Transition(invalid=parsed.invalid, next_agent=None, answer=answer_key(self.answer))
 
     def episode_outcome(self) -> Outcome:
@@ -250,6 +278,8 @@ class SearchThreeAgentEnv(SearchEnv):
         if self.verdicts:
             metrics["verifier_accuracy"] = sum(right for _, right in self.verdicts) / len(self.verdicts)
             metrics["verifier_yes_rate"] = sum(y for y, _ in self.verdicts) / len(self.verdicts)
+        if self.yes_turn1 is not None:
+            metrics["verifier_yes_turn1"] = float(self.yes_turn1)
         return Outcome(
             team_reward=em, success=em == 1.0, metrics=metrics, role_rewards=dict(self.role_scores)
         )
@@ -257,7 +287,9 @@ class SearchThreeAgentEnv(SearchEnv):
     # --- prompts -----------------------------------------------------------------------------------------
     def prompt_messages(self, agent: str) -> list[dict[str, str]]:
         if self.prompt_style == "fewshot":
-            return fewshot_3agent_messages(agent, self.current_task["question"], self.history)
+            return fewshot_3agent_messages(
+                agent, self.current_task["question"], self.history, verify_first=self.first_turn == "verify"
+            )
         parts = [f"Question: {self.current_task['question']}", render_history(self.history)]
         if agent == SEARCHER and self.verifier_reply is not None:
             parts.append(f"The Verifier's assessment this turn:\n{self.verifier_reply}")
@@ -334,6 +366,50 @@ class SearchThreeAgentEnv(SearchEnv):
                 env_kwargs={**kwargs, "max_turns": 2},
                 # the search without <think> is penalised by c but still ran and found the answer: scored 1
                 role_rewards={0: 1.0, 1: 1.0, 2: 1.0},
+            ),
+            GoldenEpisode(
+                name="malformed_answer=continue: yes before evidence, no answer, the next turn searches, answer",
+                task=task,
+                actions=(
+                    "<verify>yes</verify>",
+                    "I do not know.",
+                    "<verify>no</verify>",
+                    "<think>need the capital</think><search>capital of Mongolia</search>",
+                    "<verify>yes</verify>",
+                    "<think>from doc 1</think><answer>Ulaanbaatar</answer>",
+                ),
+                agents=(VERIFIER, ANSWERER, VERIFIER, SEARCHER, VERIFIER, ANSWERER),
+                # the answer-less reply costs the answerer c and one turn (turn 1), not the episode
+                returns={VERIFIER: 1.0, SEARCHER: 1.0, ANSWERER: 1.0 - c},
+                team_reward=1.0,
+                success=True,
+                env_kwargs={**kwargs, "malformed_answer": "continue"},
+                # yes with nothing retrieved: wrong (0); no answer: 0; then no (right), a finding search, yes, EM 1
+                role_rewards={0: 0.0, 1: 0.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
+            ),
+            GoldenEpisode(
+                name="reference order (max_turns=2, last_turn=verify, continue): no answer twice, R = 0",
+                task=task,
+                actions=(
+                    "I think so.",
+                    "<think>hm</think>",
+                    "<verify>yes</verify>",
+                    "Ulaanbaatar",
+                ),
+                agents=(VERIFIER, ANSWERER, VERIFIER, ANSWERER),
+                # the invalid verdict routes to the answerer; its answer-less reply on turn 1 goes on to turn 2,
+                # on the last turn it ends the episode with no answer
+                returns={VERIFIER: -c, SEARCHER: 0.0, ANSWERER: -2 * c},
+                team_reward=0.0,
+                success=False,
+                env_kwargs={
+                    **kwargs,
+                    "max_turns": 2,
+                    "first_turn": "verify",
+                    "last_turn": "verify",
+                    "malformed_answer": "continue",
+                },
+                role_rewards={0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0},
             ),
         ]
 
