@@ -58,6 +58,7 @@ class RunSummary:
         grad: per agent ``{"median", "p95", "max", "spikes", "steps"}`` of ``losses/grad_norm/<agent>``.
         factor: per agent, mean of ``lemma/factor/<agent>`` over steps.
         factor_norm: ``(factor, grad norm)`` of every (step, agent) where both are logged and the norm is > 0.
+        factor_norm_agent: the same points per agent.
         zero_std: per agent, mean over steps of ``charts/advantage/zero_std_frac/<agent>``: the fraction of the
             agent's samples whose advantage was 0 because the std the mode divides by was 0 (no gradient from
             them), to read beside its norms.
@@ -80,6 +81,7 @@ class RunSummary:
     grad: dict[str, dict[str, float]] = field(default_factory=dict)
     factor: dict[str, float] = field(default_factory=dict)
     factor_norm: list[tuple[float, float]] = field(default_factory=list)
+    factor_norm_agent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     zero_std: dict[str, float] = field(default_factory=dict)
     noise_share: dict[str, float] = field(default_factory=dict)
     adv_mean: dict[str, float] = field(default_factory=dict)
@@ -147,9 +149,9 @@ def summarize_run(run_dir: str | Path, metrics: RunMetrics | None = None) -> Run
         agent = key.split("/", 2)[2]
         s.factor[agent] = float(np.mean(m.get(key)[1]))
         norm_at = dict(zip(*m.get(f"losses/grad_norm/{agent}"), strict=True))
-        s.factor_norm += [
-            (f, norm_at[st]) for st, f in zip(*m.get(key), strict=True) if norm_at.get(st, 0) > 0
-        ]
+        pts = [(f, norm_at[st]) for st, f in zip(*m.get(key), strict=True) if norm_at.get(st, 0) > 0]
+        s.factor_norm += pts
+        s.factor_norm_agent[agent] = pts
     for attr, prefix in (
         ("zero_std", "charts/advantage/zero_std_frac/"),
         ("noise_share", "lemma/noise_share/"),
@@ -247,6 +249,15 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
                 else None,
                 "points": len(pts),
             },
+            "factor_norm_spearman_by_agent": {
+                a: {
+                    "rho": spearman(*zip(*pts, strict=True))
+                    if (pts := [p for r in rs for p in r.factor_norm_agent.get(a, [])])
+                    else None,
+                    "points": len(pts),
+                }
+                for a in f_agents
+            },
         }
     files = report_plots(by_mode, metrics, out)
     ranked = sorted(
@@ -341,14 +352,17 @@ def _markdown(modes: dict[str, Any], ranking: str, files: Sequence[Path], out: P
     lines += [
         "",
         "Does the factor predict the norms? Spearman's ρ between `lemma/factor/<agent>` and "
-        "`losses/grad_norm/<agent>` over the (run, step, agent) points with a non-zero norm:",
+        "`losses/grad_norm/<agent>` over the (run, step) points with a non-zero norm, pooled over the agents and "
+        "per agent (– where either is constant, e.g. an agent whose factor is always 1):",
         "",
-        "| mode | ρ | points |",
-        "|---|---|---|",
+        "| mode | agent | ρ | points |",
+        "|---|---|---|---|",
     ]
     for mode, m in modes.items():
-        rho, n = m["factor_norm_spearman"]["rho"], m["factor_norm_spearman"]["points"]
-        lines.append(f"| {mode} | {'–' if rho is None else f'{rho:.2f}'} | {n} |")
+        rows = [("all (pooled)", m["factor_norm_spearman"]), *m["factor_norm_spearman_by_agent"].items()]
+        for a, v in rows:
+            rho = v["rho"]
+            lines.append(f"| {mode} | {a} | {'–' if rho is None else f'{rho:.2f}'} | {v['points']} |")
     if ranking:
         lines += ["", f"Modes by mean final avg@k, lowest first: {ranking}."]
     lines += [""] + [f"![{p.stem}]({p.relative_to(out)})" for p in files] + [""]

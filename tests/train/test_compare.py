@@ -118,7 +118,14 @@ def test_report_from_fake_runs(tmp_path):
     assert rho["points"] == 48 and rho["rho"] == pytest.approx(12 / math.sqrt(4 * 575 / 12))
     assert summary["ranking"] == ["grpo", "drmas"]
     assert "Modes by mean final avg@k, lowest first: grpo < drmas." in md
-    assert f"| drmas | {rho['rho']:.2f} | 48 |" in md
+    assert f"| drmas | all (pooled) | {rho['rho']:.2f} | 48 |" in md
+    # per agent: the solver's norms are all 1 (constant: no rho); the verifier's are all 2 as well
+    assert drmas["factor_norm_spearman_by_agent"]["solver"] == {"rho": None, "points": 24}
+    assert "| drmas | solver | – | 24 |" in md
+    # grpo's solver alone: its 2 x 12 points (factor 1 + 0.01 i, the spiky norms) pooled over the two seeds
+    per = grpo["factor_norm_spearman_by_agent"]["solver"]
+    assert per["points"] == 24
+    assert per["rho"] == pytest.approx(spearman([1 + 0.01 * i for i in range(12)] * 2, SPIKY * 2))
 
 
 def test_a_tie_is_written_as_a_tie(tmp_path):
