@@ -127,10 +127,7 @@ def report_plots(
         _band_figure(
             by_mode,
             metrics,
-            [
-                (a, f"lemma/noise_share/{a}", r"$(\mu_k - \mu)^2 / (\sigma_k^2 + (\mu_k - \mu)^2)$")
-                for a in ns_agents
-            ],
+            [(a, f"lemma/noise_share/{a}", "fraction of E[A²] (noise share)") for a in ns_agents],
             "Noise share per agent: the constant-offset part of GRPO's E[A²]",
             out / "noise_share.png",
         )
