@@ -76,12 +76,17 @@ def _band_figure(
     return path
 
 
+def _agents_with(runs: Sequence[RunMetrics], prefix: str) -> list[str]:
+    """The agents ``<prefix><agent>`` is logged for in any run, in order of first appearance."""
+    return list(dict.fromkeys(k[len(prefix) :] for r in runs for k in r.keys(prefix)))
+
+
 def report_plots(
     by_mode: dict[str, list[RunSummary]], metrics: dict[str, RunMetrics], out: Path
 ) -> list[Path]:
     all_runs = list(metrics.values())
-    agents = list(dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("losses/grad_norm/")))
-    f_agents = list(dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lemma/factor/")))
+    agents = _agents_with(all_runs, "losses/grad_norm/")
+    f_agents = _agents_with(all_runs, "lemma/factor/")
     panels = [("team reward (mean over trajectories)", "charts/reward", "reward")]
     # success rate only where it says something the reward does not (in the math envs they are equal)
     if any(r.get("charts/success_rate") != r.get("charts/reward") for r in all_runs):
@@ -109,41 +114,34 @@ def report_plots(
                 out / f"grad_norm_{safe}.png",
             )
         )
-    figs.append(
-        _band_figure(
-            by_mode,
-            metrics,
-            [(a, f"lemma/factor/{a}", r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$") for a in f_agents],
+    # one panel per agent that logged the metric: (key prefix, y label, title, file, reference line)
+    for prefix, ylabel, title, name, hline in (
+        (
+            "lemma/factor/",
+            r"$(\sigma_k^2 + (\mu_k - \mu)^2)/\sigma^2$",
             "Lemma 4.2 factor per agent",
-            out / "lemma_factor.png",
-            hline=1.0,
-        )
-    )
-    figs.append(_factor_norm_figure(by_mode, metrics, f_agents, out / "factor_vs_norm.png"))
-    ns_agents = list(
-        dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lemma/noise_share/"))
-    )
-    figs.append(
-        _band_figure(
-            by_mode,
-            metrics,
-            [(a, f"lemma/noise_share/{a}", "fraction of E[A²] (noise share)") for a in ns_agents],
+            "lemma_factor",
+            1.0,
+        ),
+        (
+            "lemma/noise_share/",
+            "fraction of E[A²] (noise share)",
             "Noise share per agent: the constant-offset part of GRPO's E[A²]",
-            out / "noise_share.png",
-        )
-    )
-    lld_agents = list(
-        dict.fromkeys(k.split("/", 2)[2] for r in all_runs for k in r.keys("lld/success_logp/"))
-    )
-    figs.append(
-        _band_figure(
-            by_mode,
-            metrics,
-            [(a, f"lld/success_logp/{a}", "mean log-prob per token (nats)") for a in lld_agents],
+            "noise_share",
+            None,
+        ),
+        (
+            "lld/success_logp/",
+            "mean log-prob per token (nats)",
             "Likelihood of the agents' turns in successful trajectories (falling = LLD)",
-            out / "lld.png",
-        )
-    )
+            "lld",
+            None,
+        ),
+    ):
+        panels_of = [(a, prefix + a, ylabel) for a in _agents_with(all_runs, prefix)]
+        figs.append(_band_figure(by_mode, metrics, panels_of, title, out / f"{name}.png", hline=hline))
+        if name == "lemma_factor":
+            figs.append(_factor_norm_figure(by_mode, metrics, f_agents, out / "factor_vs_norm.png"))
     return [p for p in figs if p is not None]
 
 
