@@ -58,6 +58,10 @@ def load_model_policy(checkpoint: str | None, model: str | None, seat: str) -> C
         if not cfg_path.is_file():
             raise FileNotFoundError(f"{cfg_path} not found: give a checkpoint folder RUN/checkpoints/step-N")
         cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+        if not isinstance(cfg, dict) or not (model or cfg.get("model")):
+            raise FileNotFoundError(
+                f"{cfg_path} names no model: give --model with the checkpoint's base model"
+            )
         model = model or cfg["model"]
         temperature = float((cfg.get("sampling") or {}).get("temperature", temperature))
         # each saved group names the agents it trained (groups/<group>/state.json): find the seat's
@@ -138,9 +142,10 @@ def play(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--checkpoint", help="a run's checkpoint folder (RUN/checkpoints/step-N)")
-    src.add_argument("--model", help="a model (builtin alias, path or hub id) with no adapter")
+    ap.add_argument("--checkpoint", help="a run's checkpoint folder (RUN/checkpoints/step-N)")
+    ap.add_argument(
+        "--model", help="a model (builtin alias, path or hub id); with --checkpoint, its base model"
+    )
     ap.add_argument("--seat", default="player_1", choices=["player_0", "player_1"], help="your seat")
     ap.add_argument("--hands", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0, help="seed of the first deal")

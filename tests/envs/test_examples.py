@@ -71,3 +71,9 @@ def test_play_kuhn_against_a_checkpoint_adapter(tmp_path, tiny_qwen3_path, monke
     # a checkpoint without an adapter for the model's seat is one clear error line
     assert play_kuhn.main(["--checkpoint", str(ckpt), "--seat", "player_0"]) == 2
     assert "no LoRA adapter trained for seat 'player_1'" in capsys.readouterr().err
+    # a checkpoint config without its base model is one clear line too, unless --model names it
+    (ckpt / "config.yaml").write_text(yaml.safe_dump({"sampling": {"temperature": 1.0}}))
+    assert play_kuhn.main(["--checkpoint", str(ckpt), "--hands", "1"]) == 2
+    assert "names no model: give --model" in capsys.readouterr().err
+    args = ["--checkpoint", str(ckpt), "--model", tiny_qwen3_path, "--hands", "1"]
+    assert play_kuhn.main(args) == 0 and "; you won " in capsys.readouterr().out
