@@ -42,7 +42,7 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
@@ -99,7 +99,7 @@ class RngState(TypedDict):
 class TrainerState(TypedDict):
     """The driver's part of a checkpoint (``trainer_state.pt``): the step, the task sampler's position, the RNG
     states, the run name and the model groups (checked on resume), and with ``advantage_mode: rae`` the
-    per-agent baselines."""
+    per-agent baselines; with a league, its kept snapshots."""
 
     step: int
     sampler: dict[str, object]  # TaskSampler.state_dict or TaskPool.state_dict
@@ -107,10 +107,16 @@ class TrainerState(TypedDict):
     run_name: str
     groups: list[str]
     role_baseline: NotRequired[dict[str, object]]  # RoleBaseline.state_dict, advantage_mode rae only
+    league: NotRequired[dict[str, list[int]]]  # League.state_dict (the kept snapshots' steps), league only
 
 
 def save_checkpoint(
-    run_dir: str | Path, step: int, pool: WorkerPool, state: Mapping[str, object], config_yaml: str
+    run_dir: str | Path,
+    step: int,
+    pool: WorkerPool,
+    state: Mapping[str, object],
+    config_yaml: str,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save every model group of ``pool`` plus the driver ``state`` as ``<run_dir>/checkpoints/step-<step>``.
 
@@ -121,6 +127,7 @@ def save_checkpoint(
         state: picklable driver state (data position, RNG states, ...); JSON-able entries also go to
             ``trainer_state.json``.
         config_yaml: the run config as YAML text.
+        extra: writes more into the checkpoint folder before it is swapped in (a league's snapshots).
 
     Returns:
         The checkpoint folder.
@@ -143,6 +150,8 @@ def save_checkpoint(
         text = json.dumps({"step": step})
     (tmp / "trainer_state.json").write_text(text)
     (tmp / "config.yaml").write_text(config_yaml)
+    if extra is not None:
+        extra(tmp)
     write_manifest(tmp)
     _swap_in(tmp, final)
     return final

@@ -61,6 +61,8 @@ class TextEvent:
         invalid: the env judged the action malformed (always ``False`` for env messages).
         messages: the agent's prompt as chat messages (``None`` for env messages).
         skipped: the turn was skipped for a prompt over ``max_prompt_length`` (the env got ``""``; no sample).
+        played_by: the league opponent that played the seat this turn (``mas_train.league``; no sample), or
+            ``None`` for the run's own model.
     """
 
     speaker: str
@@ -69,6 +71,7 @@ class TextEvent:
     invalid: bool = False
     messages: Sequence[Mapping[str, str]] | None = None
     skipped: bool = False
+    played_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ def episode_records(
                 "text": ev.text,
                 "invalid": ev.invalid,
                 "skipped": ev.skipped,
+                "played_by": ev.played_by,
                 "prompt_tokens": None,
                 "completion_tokens": None,
                 "finish_reason": None,
@@ -199,7 +203,7 @@ def episode_records(
                 "weight_version": None,
                 "trained_at_version": None,
             }
-            if not ev.skipped:
+            if not ev.skipped and ev.played_by is None:
                 k = next(mine)
                 s = samples[k]
                 row.update(
@@ -302,8 +306,10 @@ def episodes_markdown(records: Sequence[Mapping[str, Any]]) -> str:
                 parts.append(f"**env** (turn {t['turn']})\n\n{_block(t['text'])}")
                 continue
             adv = "-" if t["advantage"] is None else f"{t['advantage']:+.3f}"
-            flags = (" **invalid**" if t["invalid"] else "") + (
-                " (skipped: prompt too long)" if t["skipped"] else ""
+            flags = (
+                (" **invalid**" if t["invalid"] else "")
+                + (" (skipped: prompt too long)" if t["skipped"] else "")
+                + (f" (played by {t['played_by']})" if t.get("played_by") else "")
             )
             ver = "" if t.get("weight_version") is None else f", weights v{t['weight_version']}"
             if ver and t.get("trained_at_version") is not None:

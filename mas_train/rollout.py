@@ -7,7 +7,9 @@ sampling logprobs *exactly as the backend returned them*: training never re-toke
 re-encoding a completion does not give back the sampled ids, and the loss must score the ids that were sampled).
 
 A :class:`Sample` is complete and immutable when it is created: a turn's ids, logprobs and validity are kept in
-a small per-episode record while the episode runs, and the samples are built once the episode's reward is known.
+a small per-episode record (:mod:`mas_train.live_episode`) while the episode runs, and the samples are built once
+the episode's reward is known. Seats a league opponent plays (:mod:`mas_train.league`; ``collect(opponents=...)``)
+are stepped with the opponent's batched actions and give no sample.
 
 Batching: at every tick, each live env has exactly one pending turn (``env.agent_selection``). All pending turns
 of all envs are grouped by model group, so one tick costs one ``generate`` call per model group however many
@@ -31,196 +33,31 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import zlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mas_envs.core import EnvFactory, TextAECEnv, TranscriptEntry, text_env
+from mas_envs.core import EnvFactory, TextAECEnv, text_env
 from mas_train.backends.base import (
     ChatBackend,
-    GenerationOutput,
     Generator,
     MixedBatchGenerator,
     SamplingParams,
 )
-from mas_train.episodes import EpisodeText, TextEvent
-from mas_train.samples import RolloutBatch, Sample, Trajectory
+from mas_train.league import Opponent, OpponentTurn
+from mas_train.live_episode import LiveEpisode, Turn
+from mas_train.prompts import render_prompt, request_seed
+from mas_train.samples import RolloutBatch, Sample
 
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
     from transformers import PreTrainedTokenizerBase
 
-
-@dataclass
-class _Turn:
-    """A generated turn while its episode runs (becomes a :class:`Sample` at the episode's end)."""
-
-    agent: str
-    model_group: str
-    turn: int
-    prompt_ids: list[int]
-    output: GenerationOutput | None = None  # set when the backend answers
-    invalid: bool = False
-    answer: str | None = None  # the env's parsed answer of the turn (infos[agent]["parsed_answer"])
-
-
-class _Episode:
-    """One env copy during :meth:`RolloutCollector.collect`: its ids, turns so far and, at the end, outcome."""
-
-    def __init__(
-        self,
-        env: AECEnv[str, str, str],
-        task_uid: str,
-        traj_uid: str,
-        data_source: str,
-        task: Mapping[str, Any],
-    ) -> None:
-        self.env = env
-        self.task_uid = task_uid
-        self.traj_uid = traj_uid
-        self.data_source = data_source
-        self.task = task
-        self.said: list[TextEvent] = []  # the agents' actions, in order
-        self.transcript: list[TranscriptEntry] = []  # the env's own transcript at the end
-        self.turns: list[_Turn] = []
-        self.turn_counts: dict[str, int] = defaultdict(int)
-        self.live = True
-        self.team_reward = 0.0
-        self.success = False
-        self.metrics: dict[str, float] = {}
-        self.role_rewards: dict[int, float] = {}
-        self.agent_rewards: dict[str, float] = {}  # each agent's outcome reward (R for all in a team env)
-
-    def step(self, agent: str, action: str, turn: _Turn | None, messages: Any = None, at: int = 0) -> None:
-        """Apply ``agent``'s action; record ``turn`` (``None`` for a skipped turn) and what was said (the
-        prompt ``messages`` of turn ``at``); finish the episode when every agent is done."""
-        env = self.env
-        env.step(action)
-        self.turn_counts[agent] += 1
-        info = env.infos.get(agent, {})
-        invalid = bool(info.get("invalid_action", False))
-        self.said.append(TextEvent(agent, at, action, invalid, messages, skipped=turn is None))
-        if turn is not None:
-            turn.invalid = invalid
-            turn.answer = None if info.get("parsed_answer") is None else str(info["parsed_answer"])
-            self.turns.append(turn)
-        # Episode end: every remaining agent is done. Read the outcome now: the dead steps below remove the
-        # agents and with them their infos.
-        if all(env.terminations[a] or env.truncations[a] for a in env.agents):
-            end_info = next((env.infos[a] for a in env.agents if "team_reward" in env.infos[a]), info)
-            self.team_reward = float(end_info.get("team_reward", 0.0))
-            self.success = bool(end_info.get("success", False))
-            self.metrics = {str(k): float(v) for k, v in end_info.get("episode_metrics", {}).items()}
-            self.transcript = list(text_env(env).transcript)
-            self.role_rewards = {int(k): float(v) for k, v in end_info.get("role_rewards", {}).items()}
-            # A game's seats each get their own return (``per_agent_rewards``; the team reward is their mean,
-            # 0 in a zero-sum game): every turn is scored with its own agent's outcome reward.
-            self.agent_rewards = {str(k): float(v) for k, v in end_info.get("agent_rewards", {}).items()}
-            while env.agents:
-                env.step(None)  # PettingZoo dead steps
-            self.live = False
-            return
-        # A done agent still selected must be dead-stepped before the next live agent can act.
-        guard = 0
-        while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
-            env.step(None)
-            guard += 1
-            if guard > 10_000:
-                raise RuntimeError("env keeps selecting done agents; it violates the AEC contract")
-
-    def samples(self) -> list[Sample]:
-        return [self._sample(t) for t in self.turns]
-
-    def _sample(self, t: _Turn) -> Sample:
-        out = t.output
-        assert out is not None, "a recorded turn always has its output"
-        return Sample(
-            task_uid=self.task_uid,
-            traj_uid=self.traj_uid,
-            agent=t.agent,
-            model_group=t.model_group,
-            turn=t.turn,
-            prompt_ids=t.prompt_ids,
-            completion_ids=list(out.completion_ids),
-            sampling_logprobs=list(out.logprobs),
-            invalid=t.invalid,
-            team_reward=self.agent_rewards.get(t.agent, self.team_reward),
-            success=self.success,
-            weight_version=int(out.weight_version),
-            finish_reason=str(out.finish_reason),
-            data_source=self.data_source,
-            role_reward=self.role_rewards.get(t.turn),
-            answer=t.answer,
-        )
-
-    def text(self) -> EpisodeText:
-        if not self.transcript:
-            return EpisodeText(self.traj_uid, self.task, tuple(self.said))
-        # The env's transcript has one row per live step, in order: its agent rows are our actions (which
-        # carry the prompt), its "env" rows the env's messages between them.
-        actions = iter(self.said)
-        found = [
-            TextEvent("env", int(e.turn), str(e.text)) if e.speaker == "env" else next(actions, None)
-            for e in self.transcript
-        ]
-        events = [e for e in found if e is not None] + list(actions)
-        return EpisodeText(self.traj_uid, self.task, tuple(events))
-
-    def trajectory(self) -> Trajectory:
-        return Trajectory(
-            task_uid=self.task_uid,
-            traj_uid=self.traj_uid,
-            data_source=self.data_source,
-            team_reward=self.team_reward,
-            success=self.success,
-            num_turns=sum(self.turn_counts.values()),
-            turns_per_agent=dict(self.turn_counts),
-            metrics=self.metrics,
-        )
-
-
-def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Render chat ``messages`` with ``tokenizer``'s chat template into prompt token ids.
-
-    ``add_generation_prompt=True`` opens the assistant turn. ``enable_thinking=False`` is passed to every
-    template: Qwen3-style templates then emit an empty think block (as the Dr. MAS math recipe runs), and
-    templates that do not read the variable ignore it.
-
-    Returns:
-        ``list[int]`` prompt ids (special tokens exactly as the template writes them; none added).
-
-    Raises:
-        ValueError: when the tokenizer has no chat template.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template; the collector "
-            "renders env messages with it. Use an instruct/chat model or set tokenizer.chat_template."
-        )
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False, enable_thinking=False
-    )
-    # Some tokenizers return a BatchEncoding / nested list even with return_dict=False.
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    if ids and isinstance(ids[0], list):
-        ids = ids[0]
-    return [int(t) for t in ids]
+__all__ = ["RolloutCollector", "Sample", "render_prompt", "request_seed"]
 
 
 def _wants_messages(gen: Generator) -> bool:
     return isinstance(gen, ChatBackend) and bool(gen.wants_messages)
-
-
-def request_seed(base_seed: int, *parts: object) -> int:
-    """A stable 31-bit seed from ``base_seed`` and identifying parts (step, env index, turn, ...).
-
-    ``hash()`` is salted per process, so CRC32 of the parts' text is used to keep runs and resumes reproducible.
-    """
-    key = ":".join(str(p) for p in (base_seed, *parts)).encode()
-    return zlib.crc32(key) & 0x7FFFFFFF
 
 
 class RolloutCollector:
@@ -325,6 +162,7 @@ class RolloutCollector:
         step: int = 0,
         sampling_override: SamplingParams | Mapping[str, SamplingParams] | None = None,
         uid_prefix: str = "",
+        opponents: Callable[[int], Mapping[str, Opponent]] | None = None,
     ) -> RolloutBatch:
         """Run ``num_generations`` episodes of every task in lock-step.
 
@@ -337,6 +175,9 @@ class RolloutCollector:
             sampling_override: sampling for every agent, or per agent (a mapping; agents it leaves out keep
                 their own), e.g. for evaluation; each env's stop strings are kept.
             uid_prefix: prefix of ``task_uid``/``traj_uid`` (e.g. ``"s12/"``) to keep ids unique across steps.
+            opponents: task index → seat → the :class:`~mas_train.league.Opponent` playing that seat in all G
+                episodes of the task (a league's draw); their turns are played by it and give no sample.
+                ``None`` or an empty mapping: every seat is the run's own model.
 
         Returns:
             A :class:`RolloutBatch`.
@@ -349,20 +190,22 @@ class RolloutCollector:
         t_env = 0.0
         t_gen = 0.0
         t0 = time.perf_counter()
-        episodes: list[_Episode] = []
+        episodes: list[LiveEpisode] = []
         for t_idx, row in enumerate(tasks):
             tid = str(row.get("id", t_idx))
+            seats = opponents(t_idx) if opponents is not None else {}
             for g in range(num_generations):
                 i = t_idx * num_generations + g
                 env = self._env(i)
                 env.reset(seed=request_seed(self.seed, "reset", step, i), options={"task": dict(row)})
                 episodes.append(
-                    _Episode(
+                    LiveEpisode(
                         env,
                         task_uid=f"{uid_prefix}{t_idx}:{tid}",
                         traj_uid=f"{uid_prefix}{t_idx}:{tid}/{g}",
                         data_source=str(row.get("data_source", "unknown")),
                         task=row,
+                        opponents=seats,
                     )
                 )
         t_env += time.perf_counter() - t0
@@ -379,12 +222,23 @@ class RolloutCollector:
             ticks += 1
             t0 = time.perf_counter()
             # requests[group] = list of (episode index, pending turn, sampling)
-            requests: dict[str, list[tuple[int, _Turn, SamplingParams]]] = defaultdict(list)
+            requests: dict[str, list[tuple[int, Turn, SamplingParams]]] = defaultdict(list)
+            # an opponent's turns: {id(opponent): (opponent, [(episode index, turn)])}
+            foes: dict[int, tuple[Opponent, list[tuple[int, OpponentTurn]]]] = {}
             for i, ep in enumerate(episodes):
                 if not ep.live:
                     continue
                 agent = ep.env.agent_selection
                 info = ep.env.infos[agent]
+                foe = ep.opponents.get(agent)
+                if foe is not None:
+                    at = int(info.get("turn", ep.turn_counts[agent]))
+                    sp = self._sampling_for(
+                        ep.env, agent, sampling_override, request_seed(self.seed, step, i, at)
+                    )
+                    pending_foe = OpponentTurn(ep.env, agent, info["messages"], sp)
+                    foes.setdefault(id(foe), (foe, []))[1].append((i, pending_foe))
+                    continue
                 group = self.agent_groups.get(agent)
                 if group is None:
                     raise KeyError(
@@ -400,7 +254,7 @@ class RolloutCollector:
                 sp = self._sampling_for(
                     ep.env, agent, sampling_override, request_seed(self.seed, step, i, turn)
                 )
-                pending = _Turn(agent=agent, model_group=group, turn=turn, prompt_ids=prompt)
+                pending = Turn(agent=agent, model_group=group, turn=turn, prompt_ids=prompt)
                 requests[group].append((i, pending, sp))
             t_env += time.perf_counter() - t0
 
@@ -437,6 +291,14 @@ class RolloutCollector:
                     messages = episodes[i].env.infos[pending.agent]["messages"]
                     episodes[i].step(pending.agent, text, pending, messages, pending.turn)
                 t_env += time.perf_counter() - t0
+            for foe, turns in foes.values():
+                t0 = time.perf_counter()
+                texts = foe.play([t for _, t in turns])
+                t_gen += time.perf_counter() - t0
+                for (i, t), text in zip(turns, texts, strict=True):
+                    ep = episodes[i]
+                    at = int(ep.env.infos[t.agent].get("turn", ep.turn_counts[t.agent]))
+                    ep.step(t.agent, text, None, t.messages, at, played_by=foe.name)
 
         return RolloutBatch(
             samples=[s for ep in episodes for s in ep.samples()],

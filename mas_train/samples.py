@@ -77,7 +77,9 @@ class Trajectory:
     """Per-episode summary (one per env copy), for reward/success/turn metrics and avg@k/pass@k.
 
     ``metrics`` are the env's per-episode metrics (``infos[agent]["episode_metrics"]``, from
-    ``Outcome.metrics``), empty for envs that report none.
+    ``Outcome.metrics``), empty for envs that report none. ``agent_rewards``: each seat's own return in a game
+    (``per_agent_rewards`` envs; empty otherwise); ``opponents``: seat → the league opponent that played it
+    (:mod:`mas_train.league`; empty: every seat was the run's own model).
     """
 
     task_uid: str
@@ -88,6 +90,8 @@ class Trajectory:
     num_turns: int
     turns_per_agent: dict[str, int]
     metrics: dict[str, float] = field(default_factory=dict)
+    agent_rewards: dict[str, float] = field(default_factory=dict)
+    opponents: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from mas_envs.core import EnvFactory, text_env
 from mas_train.backends.options import OpenAIOptions, SGLangHTTPOptions, VLLMHTTPOptions
 from mas_train.config import ConfigError, ResolvedConfig, ResolvedModelGroup, TrainConfig
+from mas_train.league import check_league, game_of
 
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
@@ -290,6 +291,10 @@ def prepare(cfg: TrainConfig, *, env_factory: EnvFactory | None = None) -> RunPl
     check_api_keys(resolved)
     check_models(resolved)
     check_reward_weights(resolved, probe)
+    try:
+        check_league(resolved, list(probe.possible_agents), game_of(probe))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     train = load_task_rows(
         f"train_data {cfg.train_data!r}" if cfg.train_data else "the env's training tasks",
         lambda: T.train_tasks(cfg, probe),

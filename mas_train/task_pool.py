@@ -46,6 +46,7 @@ from mas_train.tasks import TaskSampler
 
 if TYPE_CHECKING:
     from mas_train.config.sections import DynamicSamplingConfig, TaskPoolConfig
+    from mas_train.league import League
     from mas_train.rollout import RolloutCollector
 
 __all__ = ["CellSignal", "StepRollout", "TaskPool", "collect_step", "group_signals", "merge_batches"]
@@ -299,6 +300,7 @@ def collect_step(
     score: Callable[[Sequence[Sample]], Sequence[float]],
     trainable_agents: Sequence[str],
     dynamic: DynamicSamplingConfig | None = None,
+    league: League | None = None,
 ) -> StepRollout:
     """Draw and roll out one step's tasks (module docstring), updating the pool's solve rates.
 
@@ -313,6 +315,8 @@ def collect_step(
         trainable_agents: the agents whose groups train (the cells that count for signal).
         dynamic: dynamic sampling settings; ``None`` or not enabled: one rollout of ``tasks_per_step`` tasks, all
             kept (the step is then exactly the data-order step when ``draw`` is a ``TaskSampler``).
+        league: a game's league (:mod:`mas_train.league`) draws each task group's opponents; ``None``: self-play
+            of the run's own model in every seat.
     """
     on = dynamic is not None and dynamic.enabled
     tol = dynamic.std_tol if dynamic is not None else 1e-6
@@ -334,7 +338,11 @@ def collect_step(
             break
         prefix = f"{step}/" if r == 0 else f"{step}/r{r}/"
         batch = collector.collect(
-            [row for _, row in drawn], num_generations, step=step + 1_000_003 * r, uid_prefix=prefix
+            [row for _, row in drawn],
+            num_generations,
+            step=step + 1_000_003 * r,
+            uid_prefix=prefix,
+            opponents=league.draw(step, r) if league is not None else None,
         )
         rounds.append(batch)
         signals = group_signals(batch.samples, score(batch.samples), trainable_agents, std_tol=tol)

@@ -41,6 +41,7 @@ from mas_train.checkpoint import (
 )
 from mas_train.episodes import EpisodeLog
 from mas_train.eval import eval_sampling, evaluate, write_artifacts
+from mas_train.league import make_league
 from mas_train.lemma_stats import lemma_metrics, lld_metrics
 from mas_train.metrics import diversity_metrics, rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
@@ -85,6 +86,8 @@ class MultiGroupTrainer:
         # advantage_mode rae: each agent's moving-average baseline, across steps (saved in checkpoints)
         self.role_baseline = RoleBaseline(cfg.advantage_rae_decay) if cfg.advantage_mode == "rae" else None
         self.pool = parts.pool
+        # a game's opponents: self-play, frozen snapshots, scripted policies (saved in checkpoints)
+        self.league = make_league(resolved, parts.probe, parts.pool) if cfg.league.enabled else None
         self.collector = parts.collector
         self.groups = list(resolved.model_groups)
         # the agents whose turns can reach a loss: the (model group, agent) cells dynamic sampling looks at
@@ -139,6 +142,7 @@ class MultiGroupTrainer:
             score=lambda smp: turn_scores(smp, self.penalty, weights),
             trainable_agents=self.trainable,
             dynamic=cfg.dynamic_sampling,
+            league=self.league,
         )
         batch, tasks = got.batch, got.rows
         t_rollout = time.perf_counter() - t_start
@@ -148,6 +152,8 @@ class MultiGroupTrainer:
         metrics = rollout_metrics(got.generated, self.penalty)
         metrics.update(got.metrics)
         metrics.update(diversity_metrics(samples))  # has an agent's G samples collapsed onto one answer?
+        if self.league is not None:
+            metrics.update(self.league.metrics(got.generated.trajectories))
         adv = np.zeros(0)
         if samples:
             columns = (
@@ -214,6 +220,8 @@ class MultiGroupTrainer:
             self.samples_checked += int(out["weights/samples_checked"])
             self.stale_samples += int(out["weights/stale_samples"])
         self.step += 1
+        if self.league is not None:
+            self.league.after_step(self.step)  # a snapshot of the weights just synced, when one is due
         self.episodes.train(self.step, batch, adv.tolist(), trained_at)
         metrics.update(
             {
@@ -267,6 +275,8 @@ class MultiGroupTrainer:
         }
         if self.role_baseline is not None:
             state["role_baseline"] = self.role_baseline.state_dict()
+        if self.league is not None:
+            state["league"] = self.league.state_dict()
         return state
 
     def save_checkpoint(self) -> Path:
@@ -274,7 +284,12 @@ class MultiGroupTrainer:
         beyond ``save_total_limit``."""
 
         self.last_checkpoint = save_checkpoint(
-            self.run_dir, self.step, self.pool, self.state_dict(), self.cfg.to_yaml()
+            self.run_dir,
+            self.step,
+            self.pool,
+            self.state_dict(),
+            self.cfg.to_yaml(),
+            extra=self.league.save if self.league is not None else None,
         )
         prune_checkpoints(self.run_dir, self.cfg.save_total_limit)
         return self.last_checkpoint
@@ -305,8 +320,14 @@ class MultiGroupTrainer:
                     "advantage_mode rae cannot continue it exactly; resume with the checkpoint's advantage_mode"
                 )
             self.role_baseline.load_state_dict(state["role_baseline"])
+        if self.league is not None and "league" not in state:
+            raise ValueError(
+                f"checkpoint {ckpt} has no league (it was saved with league.enabled false); resume with that setting"
+            )
         for g in self.groups:
             self.pool.worker(g).load(str(ckpt / "groups" / g))
+        if self.league is not None:
+            self.league.load(ckpt, state["league"])
         self.sampler.load_state_dict(state["sampler"])  # type: ignore[arg-type]
         set_rng_state(state["rng"])
         self.step = int(state["step"])

@@ -19,19 +19,35 @@ seeded ``numpy.random.Generator``, so a seeded opponent plays the same games aga
   Environments Lil Course", lowered as training goes on); ties among equally good moves are broken at random.
 * `KuhnTablePolicy` / `kuhn_equilibrium`: a Kuhn poker policy table (`mas_envs.games.kuhn`), e.g. Kuhn's
   equilibrium.
+
+`scripted_policy(spec, env, seed)` builds one by name for a game, as a training league names them
+(``league.scripted`` of `mas_train`): ``random`` (any game), ``minimax`` (tic-tac-toe; ``minimax?epsilon=0.2``),
+``equilibrium`` (Kuhn poker; ``equilibrium?alpha=0.3``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
+from urllib.parse import parse_qsl
 
 import numpy as np
 
 from mas_envs.games.kuhn import check_policy, equilibrium_policy, info_set_of, legal_actions
 from mas_envs.games.tictactoe import board_from_text
 
-__all__ = ["KuhnTablePolicy", "MinimaxTicTacToe", "RandomPolicy", "kuhn_equilibrium", "minimax_value"]
+__all__ = [
+    "SCRIPTED",
+    "KuhnTablePolicy",
+    "MinimaxTicTacToe",
+    "RandomPolicy",
+    "kuhn_equilibrium",
+    "minimax_value",
+    "scripted_policy",
+]
+
+#: ``policy(observation, legal_moves) -> move label``
+Policy = Callable[[str, Sequence[str]], str]
 
 
 def _require_moves(legal_moves: Sequence[str]) -> None:
@@ -137,3 +153,34 @@ class KuhnTablePolicy:
 def kuhn_equilibrium(alpha: float = 0.0, seed: int | None = None) -> KuhnTablePolicy:
     """Kuhn's equilibrium (`mas_envs.games.kuhn.equilibrium_policy`) as a policy."""
     return KuhnTablePolicy(equilibrium_policy(alpha), seed=seed)
+
+
+#: scripted opponents by name: the game they play (its ``metadata["name"]`` prefix; ``None``: any game), their factory
+SCRIPTED: dict[str, tuple[str | None, Callable[..., Policy]]] = {
+    "random": (None, RandomPolicy),
+    "minimax": ("tictactoe", MinimaxTicTacToe),
+    "equilibrium": ("kuhn-poker", kuhn_equilibrium),
+}
+
+
+def scripted_policy(spec: str, game: str, seed: int | None = None) -> Policy:
+    """A scripted opponent from its spec ``name`` or ``name?key=value&...`` (float values), for ``game`` (the
+    env's ``metadata["name"]``, e.g. ``tictactoe-v0``), drawing from its own generator seeded with ``seed``.
+
+    Raises:
+        ValueError: an unknown name, one that does not play this game, or keywords its policy does not take
+            (e.g. ``minimax?epsilon=2``).
+    """
+    name, _, query = spec.partition("?")
+    if name not in SCRIPTED:
+        raise ValueError(f"unknown scripted opponent {name!r}; choose from {sorted(SCRIPTED)}")
+    plays, factory = SCRIPTED[name]
+    if plays is not None and not game.startswith(plays):
+        raise ValueError(f"scripted opponent {name!r} plays {plays} only, not {game}; use 'random' there")
+    try:
+        kwargs = {
+            k: float(v) for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+        }
+        return factory(seed=seed, **kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"scripted opponent {spec!r}: {err}") from None

@@ -28,6 +28,7 @@ __all__ = [
     "AgentConfig",
     "DynamicSamplingConfig",
     "EvalSamplingConfig",
+    "LeagueConfig",
     "LoraConfig",
     "ModelGroupConfig",
     "PoolBand",
@@ -278,7 +279,9 @@ class AgentConfig:
         check_optim(f"agents.{self.name or '<agent>'}", self)
 
 
-def _refuse_unused(section: str, cfg: TaskPoolConfig | DynamicSamplingConfig, names: Sequence[str]) -> None:
+def _refuse_unused(
+    section: str, cfg: TaskPoolConfig | DynamicSamplingConfig | LeagueConfig, names: Sequence[str]
+) -> None:
     """A setting of a section that is off would be silently ignored: refuse it (one line saying what to do)."""
     if cfg.enabled:
         return
@@ -375,3 +378,43 @@ class DynamicSamplingConfig:
         check_min("dynamic_sampling.max_rounds", self.max_rounds, 1)
         if not math.isfinite(self.std_tol) or self.std_tol < 0:
             raise ConfigError(f"dynamic_sampling.std_tol must be a finite number >= 0, got {self.std_tol}")
+
+
+@dataclass
+class LeagueConfig:
+    """Self-play with a league for a game env (:mod:`mas_train.league`): each task group's opponent is drawn from
+    a mix of the learner itself (every seat trains), frozen snapshots of the learner's adapters taken every
+    ``snapshot_every`` steps, and scripted policies; against a snapshot or a script one seat, drawn at random,
+    trains."""
+
+    enabled: bool = _help("Draw each task group's opponent from the league mix.", default=False)
+    self_play: float = _help("Weight of self-play (every seat is the learner).", default=0.5)
+    snapshots: float = _help(
+        "Weight of a frozen snapshot (one of the kept ones, uniformly); 0 before the first snapshot.",
+        default=0.3,
+    )
+    scripted: dict[str, float] = _help(
+        "Scripted opponents and their weights: random (any game), minimax (tic-tac-toe; minimax?epsilon=0.2), "
+        "equilibrium (Kuhn poker; equilibrium?alpha=0.3).",
+        default_factory=lambda: {"random": 0.2},
+    )
+    snapshot_every: int = _help("Steps between snapshots of the learner's adapters.", default=4)
+    max_snapshots: int = _help("Snapshots kept (the oldest is dropped).", default=4)
+
+    def __post_init__(self) -> None:
+        _refuse_unused(
+            "league", self, ("self_play", "snapshots", "scripted", "snapshot_every", "max_snapshots")
+        )
+        weights = {"self_play": self.self_play, "snapshots": self.snapshots} | {
+            f"scripted.{k}": v for k, v in self.scripted.items()
+        }
+        for name, w in weights.items():
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+                raise ConfigError(f"league.{name} must be a finite weight >= 0, got {w!r}")
+        if self.enabled and self.self_play + sum(self.scripted.values()) <= 0:
+            raise ConfigError(
+                "league: self_play and every scripted weight are 0, so the first steps (before any snapshot) "
+                "would have no opponent; give self_play or a scripted opponent a weight > 0"
+            )
+        check_min("league.snapshot_every", self.snapshot_every, 1)
+        check_min("league.max_snapshots", self.max_snapshots, 1)

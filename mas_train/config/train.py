@@ -35,6 +35,7 @@ from mas_train.config.sections import (
     AgentConfig,
     DynamicSamplingConfig,
     EvalSamplingConfig,
+    LeagueConfig,
     LoraConfig,
     ModelGroupConfig,
     SamplingConfig,
@@ -163,6 +164,11 @@ class TrainConfig:
     )
     dynamic_sampling: DynamicSamplingConfig = _help(
         "Keep task groups with signal only.", default_factory=DynamicSamplingConfig
+    )
+    league: LeagueConfig = _help(
+        "Game opponents: self-play, frozen snapshots and scripted policies (enabled, self_play, snapshots, "
+        "scripted, snapshot_every, max_snapshots).",
+        default_factory=LeagueConfig,
     )
     advantage_mode: str = _help(
         "drmas: per-agent mean and std (Dr. MAS eq. 5); grpo: global (eq. 2); agent_mean: (mu_k, sigma); "

@@ -413,6 +413,7 @@ def test_help_lists_flags_with_help_text(capsys):
             "eval_sampling",
             "task_pool",
             "dynamic_sampling",
+            "league",
         ):
             assert f"--{f.name}" in flags, f.name
     # a section is reachable field by field
@@ -421,6 +422,8 @@ def test_help_lists_flags_with_help_text(capsys):
         "--task_pool.ema",
         "--dynamic_sampling.enabled",
         "--dynamic_sampling.std_tol",
+        "--league.enabled",
+        "--league.scripted",
     } <= flags
 
 
@@ -1084,6 +1087,14 @@ ADDED_SINCE_DDC0558 = {
         },
     },
     "dynamic_sampling": {"enabled": False, "oversample": 1.5, "max_rounds": 3, "std_tol": 1e-06},
+    "league": {
+        "enabled": False,
+        "self_play": 0.5,
+        "snapshots": 0.3,
+        "scripted": {"random": 0.2},
+        "snapshot_every": 4,
+        "max_snapshots": 4,
+    },
 }
 # dtype pinned to float32 (bf16 learned less on a CPU with native bf16): ddc0558's "auto" was fp32 on every CPU
 PLAIN_RUN_AT_DDC0558 = {**PLAIN_RUN_AT_DDC0558, **ADDED_SINCE_DDC0558, "dtype": "float32"}

@@ -1,0 +1,358 @@
+"""Self-play with a league: who sits in each seat of a game's task group.
+
+Self-play alone collapses (tinker's tic-tac-toe recipe: draws against minimax by step 40, collapse by step
+80-110); the fix of the field is a league of fixed opponents and frozen copies of earlier checkpoints. A
+:class:`League` draws, for every task group of a training step, one opponent from a weighted mix
+(``league`` of the run config, :class:`~mas_train.config.sections.LeagueConfig`):
+
+* ``self_play``: every seat is the learner (SPIRAL's self-play; every seat's turns train);
+* ``snapshots``: a frozen **snapshot** of the learner, taken every ``snapshot_every`` steps (the newest
+  ``max_snapshots`` are kept; uniform among them; weight 0 until the first exists);
+* ``scripted``: a scripted policy of :mod:`mas_envs.games.opponents` (``random``, ``minimax?epsilon=0.2``,
+  ``equilibrium``), each with its own weight.
+
+Against a snapshot or a script one seat, drawn uniformly, is the learner: only its turns become samples; the
+opponent plays every other seat. The G episodes of a task group share the draw (so their group baseline compares
+like with like). Draws are seeded by ``(seed, step, round, task index)`` only, so a resumed run draws the same
+opponents. Evaluation never uses the league: it plays the learner against itself (and the env's exact
+evaluation, e.g. Kuhn poker's exploitability).
+
+A snapshot is, per trainable model group, a copy of the group's LoRA adapter **as its generation backend samples
+with it now** in a new adapter ``league-<step>-<group>`` on the backend's own ``PeftModel``: no second copy of the
+base weights; the snapshot's rows generate in the same batched call machinery (PEFT's per-row adapters). A
+checkpoint holds the kept snapshots in PEFT's format (``league/<snapshot>/<group>/``) and the trainer state their
+names; :meth:`League.load` puts them back, so a resumed run continues exactly.
+
+Metrics (``league/…``): the share of task groups per opponent kind (``league/episodes/<opponent>``), the learner's
+mean return against each non-self opponent (``league/return/<opponent>``; for Kuhn poker chips per hand, for
+tic-tac-toe +1/0/-1), and the number of kept snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from mas_train import lora
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
+
+    from mas_train.backends.base import GenerationOutput, SamplingParams
+    from mas_train.config import ResolvedConfig
+    from mas_train.config.sections import LeagueConfig
+    from mas_train.hosting.protocols import WorkerPool
+    from mas_train.samples import Trajectory
+
+__all__ = [
+    "League",
+    "Opponent",
+    "OpponentTurn",
+    "ScriptedOpponent",
+    "SnapshotOpponent",
+    "check_league",
+    "game_of",
+    "make_league",
+]
+
+SELF = "self"
+
+
+@dataclass(frozen=True)
+class OpponentTurn:
+    """One pending turn of a seat an opponent plays: the env (its ``observe``/``infos``), the seat, the prompt the
+    env gave it and the sampling the learner would have used (the env's stop strings, a per-request seed)."""
+
+    env: AECEnv[str, str, str]
+    agent: str
+    messages: Sequence[Mapping[str, str]]
+    sampling: SamplingParams
+
+
+class Opponent(Protocol):
+    """Plays the seats the learner does not hold in a task group.
+
+    Attributes:
+        name: what the metrics and transcripts call it (``random``, ``minimax?epsilon=0.2``, ``snapshot``...).
+    """
+
+    name: str
+
+    def play(self, turns: Sequence[OpponentTurn]) -> list[str]:
+        """One action text per turn (all turns of one tick, batched)."""
+        ...
+
+
+class ScriptedOpponent:
+    """A scripted policy (:func:`mas_envs.games.opponents.scripted_policy`) from its spec; reads each turn's
+    observation (``env.observe(agent)``) and legal moves (``infos[agent]["legal_moves"]``)."""
+
+    def __init__(self, spec: str, game: str, seed: int) -> None:
+        from mas_envs.games.opponents import scripted_policy
+
+        self.name = spec
+        self.policy = scripted_policy(spec, game, seed)
+
+    def play(self, turns: Sequence[OpponentTurn]) -> list[str]:
+        return [self.policy(str(t.env.observe(t.agent)), t.env.infos[t.agent]["legal_moves"]) for t in turns]
+
+
+class SnapshotOpponent:
+    """A frozen snapshot: each seat is played with the snapshot of that seat's model group.
+
+    Args:
+        adapters: model group → the snapshot's adapter name on that group's generation backend.
+        pool: the run's (local) worker pool; agent_groups: agent → model group.
+    """
+
+    name = "snapshot"
+
+    def __init__(
+        self, adapters: Mapping[str, str], pool: WorkerPool, agent_groups: Mapping[str, str]
+    ) -> None:
+        self.adapters = dict(adapters)
+        self.pool = pool
+        self.agent_groups = dict(agent_groups)
+
+    def play(self, turns: Sequence[OpponentTurn]) -> list[str]:
+        from mas_train.prompts import render_prompt
+
+        out: list[str] = [""] * len(turns)
+        by_group: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(turns):
+            by_group[self.agent_groups[t.agent]].append(i)
+        for g, idx in by_group.items():
+            worker: Any = self.pool.worker(g)
+            prompts = [render_prompt(worker.tokenizer, turns[i].messages) for i in idx]
+            gens: list[GenerationOutput] = worker.backend.generate(
+                prompts, [turns[i].sampling for i in idx], adapters=[self.adapters[g]] * len(idx)
+            )
+            for i, o in zip(idx, gens, strict=True):
+                out[i] = worker.tokenizer.decode(o.completion_ids, skip_special_tokens=True)
+        return out
+
+
+def game_of(env: AECEnv[str, str, str]) -> str | None:
+    """The game's name (``metadata["name"]``, e.g. ``kuhn-poker-v0``) when ``env`` is a two-seat game of
+    :mod:`mas_envs.games`, else ``None``."""
+    from mas_envs.core import text_env
+    from mas_envs.games.base import TextGameEnv
+
+    inner = text_env(env)
+    return str(inner.metadata.get("name", "")) if isinstance(inner, TextGameEnv) else None
+
+
+def make_league(resolved: ResolvedConfig, probe: AECEnv[str, str, str], pool: WorkerPool) -> League:
+    """The run's :class:`League` (``league.enabled``), on the probe env's seats and the pool's trainable groups."""
+    groups = resolved.model_groups
+    return League(
+        resolved.config.league,
+        seats=list(probe.possible_agents),
+        game=game_of(probe) or "",
+        seed=resolved.config.seed,
+        pool=pool,
+        agent_groups={a: ra.model_group for a, ra in resolved.agents.items()},
+        trainable=[g for g, mg in groups.items() if mg.trainable],
+        lora_cfgs={g: mg.lora for g, mg in groups.items()},
+    )
+
+
+def check_league(resolved: ResolvedConfig, seats: Sequence[str], game: str | None) -> None:
+    """Refuse a league the run cannot honour, before any model loads (one line saying what to do).
+
+    Raises:
+        ValueError: ``league.enabled`` on an env that is not a two-seat game (``game`` None), a scripted
+            opponent that does not play this game, a non-local pool, or a trainable model group that is not a
+            LoRA adapter sampled by the HF backend (snapshots are adapters on the group's base).
+    """
+    cfg = resolved.config
+    if not cfg.league.enabled:
+        return
+    if game is None:
+        raise ValueError(
+            f"league.enabled: env {cfg.env!r} is not a game of mas_envs.games (no seats to fill); drop --league.enabled"
+        )
+    from mas_envs.games.opponents import scripted_policy
+
+    for spec in cfg.league.scripted:
+        scripted_policy(spec, game, 0)  # raises ValueError naming the problem
+    if cfg.pool != "local":
+        raise ValueError(
+            "league snapshots live in this process's models; use --pool local with --league.enabled"
+        )
+    for name, g in resolved.model_groups.items():
+        if not g.trainable:
+            continue
+        if g.lora is None or g.backend != "hf" or g.num_ranks > 1:
+            raise ValueError(
+                f"league snapshots are LoRA adapters sampled by the HF backend, but model group {name!r} is not "
+                "(lora, backend hf, one rank); use a LoRA model_sharing with backend hf"
+            )
+    if not any(a in seats for a in resolved.agents):
+        raise ValueError(f"league: no agent of the run is a seat of the game {list(seats)}")
+
+
+class League:
+    """Draws each task group's opponent and keeps the snapshots (see the module docstring).
+
+    Args:
+        cfg: the ``league`` section; seats: the game's seats (``possible_agents``); game: its
+            ``metadata["name"]``; seed: the run seed.
+        pool: the run's worker pool (snapshots are taken on its trainable groups' backends).
+        agent_groups: agent → model group; trainable: the trainable model groups.
+        lora_cfgs: model group → its LoRA settings (a snapshot adapter has the group's rank and targets).
+    """
+
+    def __init__(
+        self,
+        cfg: LeagueConfig,
+        seats: Sequence[str],
+        game: str,
+        seed: int,
+        pool: WorkerPool,
+        agent_groups: Mapping[str, str],
+        trainable: Sequence[str],
+        lora_cfgs: Mapping[str, Any],
+    ) -> None:
+        self.cfg = cfg
+        self.seats = list(seats)
+        self.game = game
+        self.seed = int(seed)
+        self.pool = pool
+        self.agent_groups = dict(agent_groups)
+        self.trainable = list(trainable)
+        self.lora_cfgs = dict(lora_cfgs)
+        self.snapshots: list[int] = []  # the steps of the kept snapshots, oldest first
+
+    # -- drawing ----------------------------------------------------------------------------------------------
+    def weights(self) -> dict[str, float]:
+        """Opponent name → its probability now (``self`` for self-play; ``snapshot`` only once one exists)."""
+        w = {SELF: float(self.cfg.self_play)}
+        if self.snapshots:
+            w["snapshot"] = float(self.cfg.snapshots)
+        for spec, v in self.cfg.scripted.items():
+            w[spec] = w.get(spec, 0.0) + float(v)
+        total = sum(w.values())
+        return {k: v / total for k, v in w.items() if v > 0}
+
+    def draw(self, step: int, salt: int = 0) -> Callable[[int], dict[str, Opponent]]:
+        """The opponents of step ``step``'s rollout ``salt`` (dynamic sampling's round): a function of the task
+        index giving seat → :class:`Opponent` for the seats the learner does not hold (empty: self-play)."""
+        probs = self.weights()
+        names = list(probs)
+        p = np.array([probs[n] for n in names])
+
+        def seats_of(t_idx: int) -> dict[str, Opponent]:
+            from mas_train.prompts import request_seed
+
+            rng = np.random.default_rng(request_seed(self.seed, "league", step, salt, t_idx))
+            name = names[int(rng.choice(len(names), p=p))]
+            if name == SELF:
+                return {}
+            learner = self.seats[int(rng.integers(len(self.seats)))]
+            if name == "snapshot":
+                at = self.snapshots[int(rng.integers(len(self.snapshots)))]
+                opp: Opponent = SnapshotOpponent(
+                    {g: self.adapter(at, g) for g in self.trainable}, self.pool, self.agent_groups
+                )
+            else:
+                opp = ScriptedOpponent(name, self.game, int(rng.integers(2**31)))
+            return {s: opp for s in self.seats if s != learner}
+
+        return seats_of
+
+    # -- snapshots --------------------------------------------------------------------------------------------
+    @staticmethod
+    def adapter(step: int, group: str) -> str:
+        return f"league-{step:06d}-{group}"
+
+    def _model(self, group: str) -> Any:
+        return self.pool.worker(group).backend.model  # type: ignore[attr-defined]
+
+    def _add(self, step: int, group: str) -> str:
+        """Add an empty snapshot adapter for ``group`` at ``step``, leaving every other parameter's
+        ``requires_grad`` and the active adapter as they were."""
+        model = self._model(group)
+        name = self.adapter(step, group)
+        active = list(model.active_adapters)
+        grads = {n: p.requires_grad for n, p in model.named_parameters()}
+        lora.add(model, self.lora_cfgs[group], name)
+        model.base_model.set_adapter(active if len(active) > 1 else active[0])
+        for n, p in model.named_parameters():
+            p.requires_grad_(grads.get(n, False))
+        return name
+
+    def after_step(self, step: int) -> bool:
+        """Take a snapshot after step ``step`` when it is due (``step % snapshot_every == 0``) and drop the
+        oldest beyond ``max_snapshots``; ``True`` when one was taken."""
+        import torch
+
+        if step % self.cfg.snapshot_every:
+            return False
+        for g in self.trainable:
+            model = self._model(g)
+            name = self._add(step, g)
+            src = self.pool.worker(g).policy.adapter  # type: ignore[attr-defined]
+            mine = lora.adapter_state(model, name)
+            with torch.no_grad():
+                for n, t in lora.adapter_state(model, src).items():
+                    mine[n.replace(f".{src}.", f".{name}.")].copy_(t)
+        self.snapshots.append(step)
+        while len(self.snapshots) > self.cfg.max_snapshots:
+            old = self.snapshots.pop(0)
+            for g in self.trainable:
+                self._model(g).delete_adapter(self.adapter(old, g))
+        return True
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, list[int]]:
+        return {"snapshots": list(self.snapshots)}
+
+    def save(self, folder: Path) -> None:
+        """Write each kept snapshot's adapters in PEFT's format to ``folder/league/<step>/<group>/``."""
+        for at in self.snapshots:
+            for g in self.trainable:
+                lora.save(self._model(g), self.adapter(at, g), folder / "league" / f"{at:06d}" / g)
+
+    def load(self, folder: Path, state: Mapping[str, Any]) -> None:
+        """Put back the snapshots a checkpoint folder holds (after the groups' own weights are loaded).
+
+        Raises:
+            ValueError: a snapshot's adapter folder is missing.
+        """
+        for at in list(self.snapshots):
+            for g in self.trainable:
+                self._model(g).delete_adapter(self.adapter(at, g))
+        self.snapshots = []
+        for at in state.get("snapshots", []):
+            for g in self.trainable:
+                where = folder / "league" / f"{int(at):06d}" / g
+                if not (where / "adapter_config.json").is_file():
+                    raise ValueError(f"checkpoint {folder} lists league snapshot {at} but has no {where}")
+                lora.load(self._model(g), self._add(int(at), g), where)
+            self.snapshots.append(int(at))
+
+    # -- metrics ----------------------------------------------------------------------------------------------
+    def metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """``league/episodes/<opponent>`` (share of episodes), ``league/return/<opponent>`` (the learner
+        seats' mean return against a non-self opponent) and ``league/snapshots``."""
+        kinds: dict[str, int] = defaultdict(int)
+        returns: dict[str, list[float]] = defaultdict(list)
+        for t in trajectories:
+            opp = set(t.opponents.values())
+            name = next(iter(opp)) if opp else SELF
+            kinds[name] += 1
+            if opp:
+                mine = [r for a, r in t.agent_rewards.items() if a not in t.opponents]
+                if mine:
+                    returns[name].append(float(np.mean(mine)))
+        n = max(len(trajectories), 1)
+        out = {f"league/episodes/{k}": v / n for k, v in kinds.items()}
+        out.update({f"league/return/{k}": float(np.mean(v)) for k, v in returns.items()})
+        out["league/snapshots"] = float(len(self.snapshots))
+        return out

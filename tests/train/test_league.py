@@ -1,0 +1,228 @@
+"""The league (mas_train.league): the opponent mix's probabilities by hand, seeded draws, scripted opponents in the
+collector (their turns give no samples; the learner's returns against perfect minimax), config refusals, and a
+real tiny-Qwen3 Kuhn run whose snapshots are frozen copies of the adapter, saved and put back by a resume."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+import torch
+from _train_fakes import ScriptGenerator
+from transformers import AutoTokenizer
+
+import mas_envs
+from mas_train.backends.base import SamplingParams
+from mas_train.config.common import ConfigError
+from mas_train.config.sections import LeagueConfig
+from mas_train.league import League
+from mas_train.rollout import RolloutCollector
+
+TTT = ("player_1", "player_2")
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_qwen3_path):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
+
+
+def _league(cfg, seats=TTT, game="tictactoe-v0", seed=0):
+    return League(cfg, seats, game, seed, pool=None, agent_groups={}, trainable=[], lora_cfgs={})
+
+
+def test_weights_are_the_configured_mix_and_snapshots_count_only_once_one_exists():
+    league = _league(LeagueConfig(enabled=True, self_play=0.5, snapshots=0.3, scripted={"random": 0.2}))
+    assert league.weights() == pytest.approx({"self": 0.5 / 0.7, "random": 0.2 / 0.7})
+    league.snapshots = [4]
+    assert league.weights() == pytest.approx({"self": 0.5, "snapshot": 0.3, "random": 0.2})
+    two = _league(LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"random": 1, "minimax": 3}))
+    assert two.weights() == {"random": 0.25, "minimax": 0.75}
+
+
+def test_draws_are_seeded_follow_the_weights_and_give_the_opponent_every_seat_but_the_learners():
+    league = _league(LeagueConfig(enabled=True, self_play=0.5, snapshots=0, scripted={"random": 0.25, "minimax": 0.25}))
+    first = league.draw(3, 0)
+    again = league.draw(3, 0)
+    kinds = Counter()
+    learners = Counter()
+    for t in range(4000):
+        seats = first(t)
+        assert {s: o.name for s, o in seats.items()} == {s: o.name for s, o in again(t).items()}
+        if not seats:
+            kinds["self"] += 1
+            continue
+        assert len(seats) == 1 and len({o.name for o in seats.values()}) == 1
+        kinds[next(iter(seats.values())).name] += 1
+        learners[next(s for s in TTT if s not in seats)] += 1
+    assert kinds["self"] / 4000 == pytest.approx(0.5, abs=0.03)
+    assert kinds["random"] / 4000 == pytest.approx(0.25, abs=0.03)
+    assert kinds["minimax"] / 4000 == pytest.approx(0.25, abs=0.03)
+    assert learners["player_1"] / sum(learners.values()) == pytest.approx(0.5, abs=0.04)
+    # another step draws afresh
+    other = league.draw(4, 0)
+    assert [bool(other(t)) for t in range(50)] != [bool(first(t)) for t in range(50)]
+
+
+def _first_legal(text, sp):
+    moves = re.findall(r"Legal moves: ([0-9, ]+)", text)[-1]
+    return f"<move>{moves.split(',')[0].strip()}</move>"
+
+
+def test_scripted_minimax_plays_its_seat_without_samples_and_the_naive_learner_never_wins(tok):
+    """The learner plays the first legal cell. As X it loses to perfect minimax in every game (X1 O5 X2 O3 X4,
+    then O has a forced win); as O it never wins. Opponent turns are in the transcript as played by minimax and
+    never in the samples."""
+    gen = ScriptGenerator(tok, _first_legal)
+    col = RolloutCollector(
+        lambda: mas_envs.make("tictactoe"),
+        generators={"g": gen},
+        tokenizers={"g": tok},
+        agent_groups={a: "g" for a in TTT},
+        sampling={a: SamplingParams(max_new_tokens=8) for a in TTT},
+    )
+    league = _league(LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"minimax": 1.0}))
+    tasks = [{"id": f"g{i}", "question": "play", "data_source": "tictactoe"} for i in range(6)]
+    batch = col.collect(tasks, 2, step=1, opponents=league.draw(1, 0))
+    learner_x = 0
+    for traj, text in zip(batch.trajectories, batch.texts, strict=True):
+        (foe_seat,) = traj.opponents
+        assert traj.opponents == {foe_seat: "minimax"}
+        me = next(s for s in TTT if s != foe_seat)
+        mine = [s for s in batch.samples if s.traj_uid == traj.traj_uid]
+        assert mine and all(s.agent == me for s in mine)
+        assert len(mine) == traj.turns_per_agent[me]
+        played = [e for e in text.events if e.speaker == foe_seat]
+        assert played and all(e.played_by == "minimax" and not e.skipped for e in played)
+        assert traj.agent_rewards[me] <= 0.0 and traj.agent_rewards[foe_seat] == -traj.agent_rewards[me]
+        if me == "player_1":
+            learner_x += 1
+            assert traj.agent_rewards[me] == -1.0
+            assert [e.text for e in text.events if e.speaker == me][:3] == [
+                "<move>1</move>",
+                "<move>2</move>",
+                "<move>4</move>",
+            ]
+    assert 0 < learner_x < len(batch.trajectories)
+    got = league.metrics(batch.trajectories)
+    want = sum(t.agent_rewards[next(s for s in TTT if s not in t.opponents)] for t in batch.trajectories) / 12
+    assert got == pytest.approx({"league/episodes/minimax": 1.0, "league/return/minimax": want, "league/snapshots": 0})
+
+
+def test_league_config_refusals():
+    with pytest.raises(ConfigError, match="league.self_play is set but league.enabled is false"):
+        LeagueConfig(self_play=0.9)
+    with pytest.raises(ConfigError, match="no opponent"):
+        LeagueConfig(enabled=True, self_play=0, scripted={})
+    with pytest.raises(ConfigError, match="finite weight"):
+        LeagueConfig(enabled=True, scripted={"random": -1})
+    with pytest.raises(ConfigError, match="snapshot_every"):
+        LeagueConfig(enabled=True, snapshot_every=0)
+
+
+def test_mas_train_refuses_a_league_on_a_team_env_and_an_opponent_of_another_game(tmp_path):
+    from mas_train.config import TrainConfig
+    from mas_train.startup import prepare
+
+    base = dict(output_dir=str(tmp_path), eval_steps=0, max_steps=1)
+    with pytest.raises(ConfigError, match="not a game"):
+        prepare(TrainConfig.from_dict(dict(base, env="math-2agent", league={"enabled": True})))
+    with pytest.raises(ConfigError, match="plays tictactoe only"):
+        prepare(TrainConfig.from_dict(dict(base, env="kuhn-poker", league={"enabled": True, "scripted": {"minimax": 1}})))
+
+
+def _adapter(model, name):
+    from mas_train import lora
+
+    return {n.replace(f".{name}.", ".X."): p.detach().clone() for n, p in lora.adapter_state(model, name).items()}
+
+
+def test_tiny_qwen3_kuhn_league_snapshots_are_frozen_copies_kept_and_resumed(tmp_path, tiny_qwen3_path):
+    """A real kuhn-poker trainer (shared_lora, one adapter per seat), snapshot every step, 2 kept: a snapshot
+    equals its group's adapter when taken, stays frozen (requires_grad False, unchanged by later updates), the
+    oldest is deleted beyond max_snapshots, later task groups play it (league/episodes/snapshot), and a checkpoint
+    resumed into a fresh trainer has the same snapshots, tensor for tensor, and draws the same opponents. (The
+    tiny model's moves are illegal, so its advantages are 0 here; tests/train/test_trainer.py covers updates.)"""
+    pytest.importorskip("trl")
+    from mas_train import lora
+    from mas_train.assemble import assemble_trainer
+    from mas_train.config import TrainConfig
+    from mas_train.league import League
+
+    seats = ("player_0", "player_1")
+    deals = [
+        {"id": f"kuhn-poker/{a}{b}", "question": "deal", "cards": [a, b], "data_source": "kuhn-poker"}
+        for a, b in (("K", "J"), ("Q", "K"), ("J", "Q"))
+    ]
+    cfg = TrainConfig.from_dict(
+        dict(
+            env="kuhn-poker",
+            model=tiny_qwen3_path,
+            num_generations=2,
+            tasks_per_step=2,
+            max_steps=3,
+            output_dir=str(tmp_path),
+            run_name="run",
+            sampling={"max_new_tokens": 6},
+            eval_steps=0,
+            model_sharing="shared_lora",
+            lora={"r": 4, "alpha": 8},
+            learning_rate=1e-2,
+            league={"enabled": True, "self_play": 0, "snapshots": 1.0, "scripted": {"random": 0.001},
+                    "snapshot_every": 1, "max_snapshots": 2},
+        )
+    )  # fmt: skip
+
+    def build():
+        return assemble_trainer(
+            cfg.resolve(list(seats)), env_factory=lambda: mas_envs.make("kuhn-poker"), train_tasks=deals, eval_tasks=None
+        )
+
+    tr = build()
+    try:
+        model = tr.pool.worker("player_0").backend.model
+        m1, _ = tr.train_step()
+        assert tr.league.snapshots == [1] and m1["league/episodes/random"] == 1.0
+        snap1 = {g: _adapter(model, League.adapter(1, g)) for g in seats}
+        for g in seats:
+            assert snap1[g].keys() == _adapter(model, g).keys()
+            for n, t in _adapter(model, g).items():
+                assert torch.equal(snap1[g][n], t)
+            for n, p in model.named_parameters():
+                if f".{League.adapter(1, g)}." in n:
+                    assert not p.requires_grad
+        m2, _ = tr.train_step()
+        assert m2["league/episodes/snapshot"] == 1.0 and tr.league.snapshots == [1, 2]
+        for g in seats:
+            for n, t in _adapter(model, League.adapter(1, g)).items():
+                assert torch.equal(snap1[g][n], t)
+        # a snapshot is a copy, not a view of the learner's tensors, and no optimizer holds it (the tiny model's
+        # moves are all illegal, so its advantages are 0 and an update would not show it)
+        with torch.no_grad():
+            for g in seats:
+                for p in lora.adapter_state(model, g).values():
+                    p.add_(1.0)
+        for g in seats:
+            assert all(torch.equal(snap1[g][n], t) for n, t in _adapter(model, League.adapter(1, g)).items())
+            opt = tr.pool.worker(g).policy.trainer.optimizer
+            held = {id(p) for group in opt.param_groups for p in group["params"]}
+            assert not held & {id(p) for p in lora.adapter_state(model, League.adapter(1, g)).values()}
+        tr.train_step()
+        assert tr.league.snapshots == [2, 3]
+        assert League.adapter(1, "player_0") not in model.peft_config
+        kept = {(at, g): _adapter(model, League.adapter(at, g)) for at in (2, 3) for g in seats}
+        ckpt = tr.save_checkpoint()
+        draws = [{s: o.name for s, o in tr.league.draw(3, 0)(t).items()} for t in range(8)]
+    finally:
+        tr.close()
+    again = build()
+    try:
+        again.load_checkpoint(ckpt)
+        assert again.league.snapshots == [2, 3]
+        model = again.pool.worker("player_0").backend.model
+        for (at, g), want in kept.items():
+            got = _adapter(model, League.adapter(at, g))
+            assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+        assert [{s: o.name for s, o in again.league.draw(3, 0)(t).items()} for t in range(8)] == draws
+    finally:
+        again.close()
