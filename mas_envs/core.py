@@ -41,12 +41,16 @@ A subclass sets these class attributes (the typed block, as in PettingZoo's ``ut
     fuzz_fragments: dict[str, tuple[str, ...]]     # optional: tags UnicodeText.sample() mixes into random text
     per_agent_rewards: bool                        # optional: True when each agent gets its own outcome reward
                                                    #  (Outcome.agent_rewards, e.g. a zero-sum game), not R
+    eval_plays_train_tasks: bool                   # optional: True when the tasks are starting positions (a game's
+                                                   #  deals): with no eval set, evaluation plays the env's own tasks
 
 A task spec is anything `mas_envs.data.load_tasks` accepts: a bundled set name, a path, a hub id or a
 reasoning-gym spec (``rg:basic_arithmetic?seed=1``). `default_tasks` is loaded lazily on the first reset that
 needs the env's own task list. `eval_task_source()` (a classmethod) is the one place trainers and `mas-eval`
 read the default evaluation set from: `default_eval_tasks`, else the bundled ``-test`` twin of a bundled
-``-train`` `default_tasks`, else `None` (then the caller must be given an eval set).
+``-train`` `default_tasks`, else `None` (then the caller must be given an eval set, unless the env sets
+`eval_plays_train_tasks`: its tasks are starting positions, such as a game's deals, with nothing to hold out, and
+evaluation then plays the env's own task list, which training also uses).
 
 and implements these public hooks (all called by the base class; none of them touches rewards or dones):
 
@@ -388,6 +392,9 @@ class TextAECEnv(AECEnv[str, str, str]):
     # True: each agent gets its own outcome reward (Outcome.agent_rewards; a zero-sum game), not the team reward R.
     # A trainer that scores every turn with R must refuse such an env or read infos[agent]["agent_rewards"].
     per_agent_rewards: ClassVar[bool] = False
+    # True: the tasks are starting positions (a game's deals), not questions with answers to hold out; with no eval
+    # set configured, evaluation plays the env's own task list (mas_train.tasks.eval_tasks) and training keeps it
+    eval_plays_train_tasks: ClassVar[bool] = False
 
     # --- hooks a subclass implements -------------------------------------------------------------------
     def start_episode(self, task: dict[str, Any]) -> str:

@@ -305,16 +305,19 @@ def prepare(cfg: TrainConfig, *, env_factory: EnvFactory | None = None) -> RunPl
         evals = load_task_rows(
             f"eval_data {src!r}", lambda: T.eval_tasks(cfg, probe, limit=cfg.eval_num_tasks)
         )
-        # Held-out means held out: a procedural generator repeats questions across seeds, a file may too.
-        from mas_envs.data import drop_overlap
+        notes: list[str] = []
+        # Held-out means held out: a procedural generator repeats questions across seeds, a file may too. A game's
+        # own deals are starting positions, played in training and evaluation alike (eval_plays_train_tasks).
+        if src is not None or not text_env(probe).eval_plays_train_tasks:
+            from mas_envs.data import drop_overlap
 
-        try:  # its count goes into the start-up banner, not a Python warning with a source line
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                train = drop_overlap(train, evals, what="training")
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        notes = [str(w.message) for w in caught]
+            try:  # its count goes into the start-up banner, not a Python warning with a source line
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    train = drop_overlap(train, evals, what="training")
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            notes = [str(w.message) for w in caught]
     else:
         notes = []
     return RunPlan(

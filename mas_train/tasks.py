@@ -66,11 +66,14 @@ def eval_tasks(
     """Evaluation rows (the first ``limit`` when given).
 
     Raises:
-        NoEvalTasksError: no evaluation set is known; the message says to set ``eval_data`` or turn
-            evaluation off.
+        NoEvalTasksError: no evaluation set is known (and the env's tasks are not starting positions,
+            ``TextAECEnv.eval_plays_train_tasks``); the message says to set ``eval_data`` or turn evaluation off.
         ValueError, FileNotFoundError: the source cannot be read or holds no usable row.
     """
     src = eval_source(cfg, env)
+    if src is None and text_env(env).eval_plays_train_tasks:
+        rows = [dict(t) for t in text_env(env).tasks]  # a game's deals: evaluation plays the training tasks
+        return rows[:limit] if limit else rows
     if src is None:
         raise NoEvalTasksError(
             f"env {cfg.env!r} has no evaluation set: set eval_data (a bundled set name, a file or a "

@@ -77,6 +77,7 @@ class TextGameEnv(TextAECEnv):
     """
 
     per_agent_rewards = True
+    eval_plays_train_tasks = True  # deals and start positions: evaluation plays them too, nothing is held out
     default_invalid_action_penalty = 0.0
     move_labels: ClassVar[tuple[str, ...]] = ()
     game_title: ClassVar[str] = "game"

@@ -41,7 +41,9 @@ def test_weights_are_the_configured_mix_and_snapshots_count_only_once_one_exists
 
 
 def test_draws_are_seeded_follow_the_weights_and_give_the_opponent_every_seat_but_the_learners():
-    league = _league(LeagueConfig(enabled=True, self_play=0.5, snapshots=0, scripted={"random": 0.25, "minimax": 0.25}))
+    league = _league(
+        LeagueConfig(enabled=True, self_play=0.5, snapshots=0, scripted={"random": 0.25, "minimax": 0.25})
+    )
     first = league.draw(3, 0)
     again = league.draw(3, 0)
     kinds = Counter()
@@ -106,7 +108,9 @@ def test_scripted_minimax_plays_its_seat_without_samples_and_the_naive_learner_n
     assert 0 < learner_x < len(batch.trajectories)
     got = league.metrics(batch.trajectories)
     want = sum(t.agent_rewards[next(s for s in TTT if s not in t.opponents)] for t in batch.trajectories) / 12
-    assert got == pytest.approx({"league/episodes/minimax": 1.0, "league/return/minimax": want, "league/snapshots": 0})
+    assert got == pytest.approx(
+        {"league/episodes/minimax": 1.0, "league/return/minimax": want, "league/snapshots": 0}
+    )
 
 
 def test_league_config_refusals():
@@ -128,13 +132,19 @@ def test_mas_train_refuses_a_league_on_a_team_env_and_an_opponent_of_another_gam
     with pytest.raises(ConfigError, match="not a game"):
         prepare(TrainConfig.from_dict(dict(base, env="math-2agent", league={"enabled": True})))
     with pytest.raises(ConfigError, match="plays tictactoe only"):
-        prepare(TrainConfig.from_dict(dict(base, env="kuhn-poker", league={"enabled": True, "scripted": {"minimax": 1}})))
+        prepare(
+            TrainConfig.from_dict(
+                dict(base, env="kuhn-poker", league={"enabled": True, "scripted": {"minimax": 1}})
+            )
+        )
 
 
 def _adapter(model, name):
     from mas_train import lora
 
-    return {n.replace(f".{name}.", ".X."): p.detach().clone() for n, p in lora.adapter_state(model, name).items()}
+    return {
+        n.replace(f".{name}.", ".X."): p.detach().clone() for n, p in lora.adapter_state(model, name).items()
+    }
 
 
 def test_tiny_qwen3_kuhn_league_snapshots_are_frozen_copies_kept_and_resumed(tmp_path, tiny_qwen3_path):
@@ -175,7 +185,10 @@ def test_tiny_qwen3_kuhn_league_snapshots_are_frozen_copies_kept_and_resumed(tmp
 
     def build():
         return assemble_trainer(
-            cfg.resolve(list(seats)), env_factory=lambda: mas_envs.make("kuhn-poker"), train_tasks=deals, eval_tasks=None
+            cfg.resolve(list(seats)),
+            env_factory=lambda: mas_envs.make("kuhn-poker"),
+            train_tasks=deals,
+            eval_tasks=None,
         )
 
     tr = build()
@@ -226,3 +239,20 @@ def test_tiny_qwen3_kuhn_league_snapshots_are_frozen_copies_kept_and_resumed(tmp
         assert [{s: o.name for s, o in again.league.draw(3, 0)(t).items()} for t in range(8)] == draws
     finally:
         again.close()
+
+
+def test_a_game_evaluates_on_its_own_deals_and_keeps_training_on_them(tmp_path):
+    """Kuhn poker's tasks are its 6 deals (starting positions): with no eval_data, evaluation plays them and
+    training keeps all 6 (nothing is held out). (An env without the flag and with no eval set is still asked for
+    one: tests/train/test_user_errors.py.)"""
+    from mas_train.config import TrainConfig
+    from mas_train.startup import prepare
+
+    plan = prepare(
+        TrainConfig.from_dict(
+            dict(env="kuhn-poker", output_dir=str(tmp_path), eval_steps=5, eval_num_tasks=6)
+        )
+    )
+    deals = sorted(str(t["id"]) for t in plan.train_tasks)
+    assert deals == [f"kuhn-poker/{a}{b}" for a, b in ("JK", "JQ", "KJ", "KQ", "QJ", "QK")]
+    assert plan.eval_tasks == plan.train_tasks and plan.warnings == []
