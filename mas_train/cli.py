@@ -179,6 +179,7 @@ def run_eval(ev: EvalConfig, out: TextIO | None = None) -> dict[str, float]:
                 progress=lambda done, total: bar.update(done - bar.n),
                 on_batch=recorder.add if recorder else None,
                 on_exact=exact.append,
+                opponents=cfg.eval_opponents,
             )
         finally:
             bar.close()

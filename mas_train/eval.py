@@ -11,6 +11,10 @@ evaluation ``temperature``, ``top_p`` and ``top_k`` of ``eval_sampling`` (and it
 set). The seeds do not depend on the
 training step, so evaluations at different steps see the same random numbers (a paired comparison).
 
+A game (:mod:`mas_envs.games`) can also be evaluated against fixed scripted opponents (``opponents``, the run's
+``eval_opponents``): for each opponent and each seat, the learner plays that seat on every task ``k`` times with
+the opponent in the other seats (:func:`versus`), logged as ``eval/vs/<opponent>/{win,draw,loss,return}``.
+
 An env may also have an exact evaluation (:meth:`mas_envs.core.TextAECEnv.exact_evaluation`, e.g. Kuhn poker's
 exploitability): :func:`evaluate` runs it after the episodes, scoring the env's given replies with each agent's
 model group (:func:`score_replies`), and logs its metrics as ``eval/<name>``; the
@@ -42,6 +46,7 @@ __all__ = [
     "eval_sampling",
     "evaluate",
     "exact_evaluation",
+    "versus",
     "score_replies",
     "write_artifacts",
 ]
@@ -94,6 +99,7 @@ def evaluate(
     on_batch: Callable[[RolloutBatch], object] | None = None,
     exact: bool = True,
     on_exact: Callable[[ExactEvaluation], object] | None = None,
+    opponents: Sequence[str] = (),
 ) -> dict[str, float]:
     """Run ``k`` episodes of every task and score them.
 
@@ -111,6 +117,8 @@ def evaluate(
         exact: also run the env's exact evaluation (:func:`exact_evaluation`; envs without one cost nothing).
         on_exact: optional callable given the env's :class:`~mas_envs.core.ExactEvaluation` when there is one
             (its artifacts, e.g. Kuhn poker's policy table, to write or print).
+        opponents: scripted opponents (:func:`mas_envs.games.opponents.scripted_policy` specs) a game's learner
+            also plays in every seat (:func:`versus`).
 
     Returns:
         Flat metrics: ``eval/avg@k``, ``eval/pass@k``, ``eval/<source>/avg@k``, ``eval/<source>/pass@k``,
@@ -162,6 +170,18 @@ def evaluate(
         out[f"eval/invalid_rate/{agent}"] = float(np.mean(flags))
     out.update(env_metrics(episode_metrics, prefix="eval/env/"))
     out["eval/num_tasks"] = float(len(tasks))
+    if opponents:
+        out.update(
+            versus(
+                collector,
+                tasks,
+                opponents,
+                k=k,
+                sampling=sampling,
+                seed_step=seed_step,
+                tasks_per_batch=tasks_per_batch,
+            )
+        )
     if exact:
         t1 = time.perf_counter()
         found = exact_evaluation(collector)
@@ -171,6 +191,64 @@ def evaluate(
             if on_exact is not None:
                 on_exact(found)
     out["eval/seconds"] = time.perf_counter() - t0
+    return out
+
+
+def versus(
+    collector: RolloutCollector,
+    tasks: Sequence[Mapping[str, object]],
+    opponents: Sequence[str],
+    *,
+    k: int,
+    sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,
+    seed_step: int = EVAL_SEED_STEP,
+    tasks_per_batch: int = 8,
+) -> dict[str, float]:
+    """The learner against fixed scripted opponents in a game: for each opponent spec and each seat, ``k``
+    episodes of every task with the learner in that seat and the opponent (its own seeded policy per task) in
+    the others.
+
+    Returns:
+        Per opponent, over all seats and episodes (each seat plays ``len(tasks) * k`` of them):
+        ``eval/vs/<spec>/win``, ``/draw``, ``/loss`` (the learner seat's result, the env's ``<seat>/win``...
+        metrics) and ``/return`` (its mean return, e.g. chips per hand in Kuhn poker).
+
+    Raises:
+        ValueError: the env is not a game, or a spec that is not one of its scripted opponents.
+    """
+    from mas_train.league import ScriptedOpponent, game_of
+    from mas_train.prompts import request_seed
+
+    env = collector.text_env()
+    game = game_of(env)
+    if game is None:
+        raise ValueError(f"{type(env).__name__} is not a game of mas_envs.games: it has no opponents to play")
+    seats = list(env.possible_agents)
+    out: dict[str, float] = {}
+    for spec in opponents:
+        found: dict[str, list[float]] = {"win": [], "draw": [], "loss": [], "return": []}
+        for me in seats:
+            for start in range(0, len(tasks), tasks_per_batch):
+
+                def against(
+                    t_idx: int, spec: str = spec, me: str = me, start: int = start
+                ) -> dict[str, ScriptedOpponent]:
+                    foe = ScriptedOpponent(spec, game, request_seed(0, "versus", spec, me, start + t_idx))
+                    return {s: foe for s in seats if s != me}
+
+                batch = collector.collect(
+                    tasks[start : start + tasks_per_batch],
+                    k,
+                    step=seed_step * 100_003 - start,
+                    sampling_override=sampling,
+                    uid_prefix=f"vs/{spec}/{me}/{start}/",
+                    opponents=against,
+                )
+                for t in batch.trajectories:
+                    for key in ("win", "draw", "loss"):
+                        found[key].append(float(t.metrics.get(f"{me}/{key}", 0.0)))
+                    found["return"].append(float(t.agent_rewards.get(me, 0.0)))
+        out.update({f"eval/vs/{spec}/{key}": float(np.mean(v)) for key, v in found.items()})
     return out
 
 

@@ -163,14 +163,24 @@ def make_league(resolved: ResolvedConfig, probe: AECEnv[str, str, str], pool: Wo
 
 
 def check_league(resolved: ResolvedConfig, seats: Sequence[str], game: str | None) -> None:
-    """Refuse a league the run cannot honour, before any model loads (one line saying what to do).
+    """Refuse a league or evaluation opponents the run cannot honour, before any model loads (one line saying
+    what to do).
 
     Raises:
-        ValueError: ``league.enabled`` on an env that is not a two-seat game (``game`` None), a scripted
-            opponent that does not play this game, a non-local pool, or a trainable model group that is not a
+        ValueError: ``league.enabled`` or ``eval_opponents`` on an env that is not a game (``game`` None), a
+            scripted opponent that does not play this game, a non-local pool, or a trainable model group that is not a
             LoRA adapter sampled by the HF backend (snapshots are adapters on the group's base).
     """
     cfg = resolved.config
+    if cfg.eval_opponents:
+        if game is None:
+            raise ValueError(
+                f"eval_opponents: env {cfg.env!r} is not a game of mas_envs.games; drop eval_opponents"
+            )
+        from mas_envs.games.opponents import scripted_policy
+
+        for spec in cfg.eval_opponents:
+            scripted_policy(spec, game, 0)  # raises ValueError naming the problem
     if not cfg.league.enabled:
         return
     if game is None:

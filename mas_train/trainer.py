@@ -256,6 +256,7 @@ class MultiGroupTrainer:
                 on_exact=lambda found: write_artifacts(
                     found, self.run_dir / "evals", suffix=f"_step-{self.step:06d}"
                 ),
+                opponents=self.cfg.eval_opponents,
             )
         self.episodes.write_eval(rec)
         self.last_eval = result

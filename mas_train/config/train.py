@@ -254,6 +254,11 @@ class TrainConfig:
     eval_k: int = _help("Samples per eval task for avg@k / pass@k.", default=4)
     eval_num_tasks: int | None = _help("Eval tasks per evaluation. None = all.", default=2)
     eval_tasks_per_batch: int = _help("Eval tasks rolled out together (memory vs speed).", default=8)
+    eval_opponents: list[str] = _help(
+        "Games: scripted opponents the learner also plays in every seat at each evaluation (random, "
+        "minimax?epsilon=0, equilibrium; eval/vs/<opponent>/win|draw|loss|return).",
+        default_factory=list,
+    )
     eval_sampling: EvalSamplingConfig = _help(
         "Sampling of every agent during evaluation (each agent keeps its own max_new_tokens unless set here).",
         default_factory=EvalSamplingConfig,

@@ -256,3 +256,39 @@ def test_a_game_evaluates_on_its_own_deals_and_keeps_training_on_them(tmp_path):
     deals = sorted(str(t["id"]) for t in plan.train_tasks)
     assert deals == [f"kuhn-poker/{a}{b}" for a, b in ("JK", "JQ", "KJ", "KQ", "QJ", "QK")]
     assert plan.eval_tasks == plan.train_tasks and plan.warnings == []
+
+
+def test_versus_minimax_the_naive_learner_never_wins_and_loses_every_game_as_x(tok):
+    """eval/vs/<opponent>/...: the first-legal-cell learner in both seats against perfect minimax, 3 games per seat:
+    it never wins, loses all 3 as X (so loss >= 0.5), and its mean return is exactly -loss (+1/0/-1 rewards)."""
+    from mas_train.eval import evaluate, versus
+
+    gen = ScriptGenerator(tok, _first_legal)
+    col = RolloutCollector(
+        lambda: mas_envs.make("tictactoe"),
+        generators={"g": gen},
+        tokenizers={"g": tok},
+        agent_groups={a: "g" for a in TTT},
+        sampling={a: SamplingParams(max_new_tokens=8) for a in TTT},
+    )
+    tasks = [{"id": "start", "question": "play", "data_source": "tictactoe"}]
+    got = versus(col, tasks, ["minimax"], k=3)
+    assert set(got) == {f"eval/vs/minimax/{k}" for k in ("win", "draw", "loss", "return")}
+    assert got["eval/vs/minimax/win"] == 0.0 and got["eval/vs/minimax/loss"] >= 0.5
+    assert got["eval/vs/minimax/draw"] + got["eval/vs/minimax/loss"] == pytest.approx(1.0)
+    assert got["eval/vs/minimax/return"] == pytest.approx(-got["eval/vs/minimax/loss"])
+    again = versus(col, tasks, ["minimax"], k=3)  # seeded: the same games again
+    assert again == got
+    full = evaluate(col, tasks, k=2, opponents=["minimax"], exact=False)
+    assert {k: v for k, v in full.items() if k.startswith("eval/vs/")} == versus(col, tasks, ["minimax"], k=2)
+
+
+def test_eval_opponents_are_refused_on_a_team_env_and_checked_against_the_game(tmp_path):
+    from mas_train.config import TrainConfig
+    from mas_train.startup import prepare
+
+    base = dict(output_dir=str(tmp_path), eval_steps=0, max_steps=1)
+    with pytest.raises(ConfigError, match="eval_opponents: env 'math-2agent' is not a game"):
+        prepare(TrainConfig.from_dict(dict(base, env="math-2agent", eval_opponents=["random"])))
+    with pytest.raises(ConfigError, match="plays kuhn-poker only"):
+        prepare(TrainConfig.from_dict(dict(base, env="tictactoe", eval_opponents=["equilibrium"])))
