@@ -58,6 +58,9 @@ from mas_envs.games.moves import MOVE_FUZZ, format_move, parse_move
 __all__ = ["ILLEGAL_MOVE_RULES", "TextGameEnv"]
 
 ILLEGAL_MOVE_RULES = ("terminate", "retry")
+#: how the prompt's last line shows the reply format: ``example`` names the first legal move as an example;
+#: ``choices`` lists every legal move in the tag format, none singled out
+MOVE_HINTS = ("example", "choices")
 
 
 class TextGameEnv(TextAECEnv):
@@ -68,12 +71,17 @@ class TextGameEnv(TextAECEnv):
         illegal_rewards: (offender, every other seat) rewards when an illegal move ends the game.
         max_retries: under ``"retry"``, illegal moves a seat may make in one game before the next one ends it
             (>= 0; ignored under ``"terminate"``).
+        move_hint: ``"example"`` (default: ``Reply with your move as <move>MOVE</move>, for example
+            <move>check</move>``, the first legal move) or ``"choices"`` (``Reply with exactly one of:
+            <move>check</move> or <move>bet</move>``). A small model copies the example: SmolLM2-135M's Kuhn
+            poker table is p(bet or call) <= 0.01 everywhere with ``example`` (exploitability 0.9914) and 0.07-0.26
+            with ``choices`` (0.7911), so ``choices`` leaves a learner something to explore.
         **kwargs: `TextAECEnv` arguments (``tasks``, ``invalid_action_penalty``, ``max_turns``,
             ``render_mode``).
 
     Raises:
-        ValueError: an unknown rule, ``illegal_rewards`` that are not two finite numbers, or a negative
-            ``max_retries``.
+        ValueError: an unknown rule or move hint, ``illegal_rewards`` that are not two finite numbers, or a
+            negative ``max_retries``.
     """
 
     per_agent_rewards = True
@@ -89,10 +97,14 @@ class TextGameEnv(TextAECEnv):
         illegal_move: str = "terminate",
         illegal_rewards: Sequence[float] = (-1.0, 0.0),
         max_retries: int = 2,
+        move_hint: str = "example",
         **kwargs: Any,
     ) -> None:
         if illegal_move not in ILLEGAL_MOVE_RULES:
             raise ValueError(f"illegal_move must be one of {ILLEGAL_MOVE_RULES}, got {illegal_move!r}")
+        if move_hint not in MOVE_HINTS:
+            raise ValueError(f"move_hint must be one of {MOVE_HINTS}, got {move_hint!r}")
+        self.move_hint: str = move_hint
         pair = tuple(illegal_rewards)
         if len(pair) != 2 or not all(
             isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in pair
@@ -163,9 +175,12 @@ class TextGameEnv(TextAECEnv):
         parts.append(position)
         if legal:
             parts.append("Legal moves: " + ", ".join(legal))
-            parts.append(
-                f"Reply with your move as {format_move('MOVE')}, for example {format_move(legal[0])}."
-            )
+            if self.move_hint == "choices":
+                parts.append("Reply with exactly one of: " + " or ".join(format_move(m) for m in legal) + ".")
+            else:
+                parts.append(
+                    f"Reply with your move as {format_move('MOVE')}, for example {format_move(legal[0])}."
+                )
         return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
     def apply_action(self, agent: str, action: str) -> Transition:

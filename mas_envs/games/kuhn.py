@@ -37,7 +37,7 @@ bets Q, bets K with 3α, calls with Q after check-bet with α + 1/3 (J folds, K 
 a check with 1/3, never bets Q, always bets K, calls a bet with Q 1/3 (J folds, K calls). ``player_0``'s
 value is -1/18.
 
-Arguments: `illegal_move`, `illegal_rewards`, `max_retries`, `invalid_action_penalty`, `max_turns`,
+Arguments: `illegal_move`, `illegal_rewards`, `max_retries`, `move_hint`, `invalid_action_penalty`, `max_turns`,
 `render_mode` (see `mas_envs.games.base`), `tasks` (deal rows: ``{"question": ..., "cards": ["K", "J"]}``).
 
 ## Version history
@@ -278,7 +278,7 @@ def info_set_messages(**env_kwargs: Any) -> dict[str, list[dict[str, str]]]:
     """The prompt (chat messages) the env shows at each of the 12 information sets, keyed as `INFO_SETS`.
 
     The prompt never shows the opponent's card, so one deal per key gives it. `env_kwargs` are passed to
-    `KuhnPokerEnv` (prompts do not depend on them today; passing the run's kwargs keeps this true).
+    `KuhnPokerEnv` (``move_hint`` changes the prompt's last line).
     """
     return _messages_at_info_sets(KuhnPokerEnv(**env_kwargs))
 

@@ -166,3 +166,21 @@ def test_payoffs_and_metrics_of_a_called_bet():
     m = info["episode_metrics"]
     assert m["player_0/loss"] == 1.0 and m["player_1/win"] == 1.0 and m["game_length"] == 2.0
     assert m["player_0/illegal_rate"] == 0.0 and m["forfeit"] == 0.0
+
+
+def test_move_hint_choices_lists_the_legal_moves_and_an_unknown_hint_is_refused():
+    env = mas_envs.make("kuhn-poker", move_hint="choices")
+    env.reset(seed=0, options={"task": {"question": "deal", "cards": ["Q", "K"]}})
+    last = env.infos["player_0"]["messages"][-1]["content"].splitlines()[-1]
+    assert last == "Reply with exactly one of: <move>check</move> or <move>bet</move>."
+    env.step("<move>bet</move>")
+    last = env.infos["player_1"]["messages"][-1]["content"].splitlines()[-1]
+    assert last == "Reply with exactly one of: <move>fold</move> or <move>call</move>."
+    default = mas_envs.make("kuhn-poker")
+    default.reset(seed=0, options={"task": {"question": "deal", "cards": ["Q", "K"]}})
+    assert default.infos["player_0"]["messages"][-1]["content"].endswith("for example <move>check</move>.")
+    assert kuhn.info_set_messages(move_hint="choices")["Kb"][-1]["content"].endswith(
+        "<move>fold</move> or <move>call</move>."
+    )
+    with pytest.raises(ValueError, match="move_hint must be one of"):
+        mas_envs.make("kuhn-poker", move_hint="first")
