@@ -43,7 +43,7 @@ from mas_train import lora
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
 
-    from mas_train.backends.base import GenerationOutput, SamplingParams
+    from mas_train.backends.base import SamplingParams
     from mas_train.config import ResolvedConfig
     from mas_train.config.sections import LeagueConfig
     from mas_train.hosting.protocols import WorkerPool
@@ -103,10 +103,11 @@ class ScriptedOpponent:
 
 
 class SnapshotOpponent:
-    """A frozen snapshot: each seat is played with the snapshot of that seat's model group.
+    """A frozen snapshot: each seat is played with the snapshot of that seat's model group (a group that does not
+    train, which has no snapshot, plays with its own fixed weights).
 
     Args:
-        adapters: model group → the snapshot's adapter name on that group's generation backend.
+        adapters: trainable model group → the snapshot's adapter name on that group's generation backend.
         pool: the run's (local) worker pool; agent_groups: agent → model group.
     """
 
@@ -128,12 +129,24 @@ class SnapshotOpponent:
             by_group[self.agent_groups[t.agent]].append(i)
         for g, idx in by_group.items():
             worker: Any = self.pool.worker(g)
-            prompts = [render_prompt(worker.tokenizer, turns[i].messages) for i in idx]
-            gens: list[GenerationOutput] = worker.backend.generate(
-                prompts, [turns[i].sampling for i in idx], adapters=[self.adapters[g]] * len(idx)
-            )
+            sampling = [turns[i].sampling for i in idx]
+            if g not in self.adapters:  # a frozen group: its weights never change, so it plays as itself
+                if worker.wants_messages:
+                    gens = worker.generate_messages([turns[i].messages for i in idx], sampling)
+                else:
+                    gens = worker.generate(
+                        [render_prompt(worker.tokenizer, turns[i].messages) for i in idx], sampling
+                    )
+            else:
+                prompts = [render_prompt(worker.tokenizer, turns[i].messages) for i in idx]
+                gens = worker.backend.generate(prompts, sampling, adapters=[self.adapters[g]] * len(idx))
             for i, o in zip(idx, gens, strict=True):
-                out[i] = worker.tokenizer.decode(o.completion_ids, skip_special_tokens=True)
+                text = (o.meta or {}).get("env_text")
+                out[i] = (
+                    text
+                    if text is not None
+                    else worker.tokenizer.decode(o.completion_ids, skip_special_tokens=True)
+                )
         return out
 
 

@@ -292,3 +292,24 @@ def test_eval_opponents_are_refused_on_a_team_env_and_checked_against_the_game(t
         prepare(TrainConfig.from_dict(dict(base, env="math-2agent", eval_opponents=["random"])))
     with pytest.raises(ConfigError, match="plays kuhn-poker only"):
         prepare(TrainConfig.from_dict(dict(base, env="tictactoe", eval_opponents=["equilibrium"])))
+
+
+def test_a_snapshot_plays_a_frozen_groups_seat_with_that_groups_own_weights(tok):
+    """A group that does not train has no snapshot adapter: its seat is played by the group itself."""
+    from mas_train.league import OpponentTurn, SnapshotOpponent
+
+    class Pool:
+        def __init__(self, worker):
+            self.w = worker
+
+        def worker(self, group):
+            return self.w
+
+    frozen = ScriptGenerator(tok, lambda text, sp: "<move>call</move>")
+    frozen.tokenizer, frozen.wants_messages = tok, False
+    env = mas_envs.make("kuhn-poker")
+    env.reset(seed=0, options={"task": {"question": "deal", "cards": ["Q", "K"]}})
+    env.step("<move>bet</move>")
+    opp = SnapshotOpponent({}, Pool(frozen), {"player_1": "frozen"})
+    turn = OpponentTurn(env, "player_1", env.infos["player_1"]["messages"], SamplingParams(max_new_tokens=8))
+    assert opp.play([turn]) == ["<move>call</move>"] and frozen.calls == [1]
