@@ -313,3 +313,18 @@ def test_a_snapshot_plays_a_frozen_groups_seat_with_that_groups_own_weights(tok)
     opp = SnapshotOpponent({}, Pool(frozen), {"player_1": "frozen"})
     turn = OpponentTurn(env, "player_1", env.infos["player_1"]["messages"], SamplingParams(max_new_tokens=8))
     assert opp.play([turn]) == ["<move>call</move>"] and frozen.calls == [1]
+
+
+def test_the_plain_kuhn_run_is_self_play_with_a_league_on_all_six_deals():
+    from mas_train.config.args import parse_args
+
+    cfg = parse_args(["--env", "kuhn-poker"])
+    assert cfg.league.enabled and cfg.league.snapshot_every == 5 and cfg.league.scripted == {"random": 0.2}
+    assert (cfg.tasks_per_step, cfg.eval_num_tasks, cfg.num_generations, cfg.model_sharing) == (
+        6,
+        6,
+        8,
+        "shared_lora",
+    )
+    assert cfg.env_kwargs == {"move_hint": "choices"} and cfg.sampling.max_new_tokens == 8
+    assert not parse_args(["--env", "kuhn-poker", "--model", "Qwen/Qwen3-4B"]).league.enabled
