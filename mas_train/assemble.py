@@ -121,6 +121,7 @@ def assemble(
             sampling={a: ra.sampling_params() for a, ra in resolved.agents.items()},
             max_prompt_length=cfg.max_prompt_length,
             seed=cfg.seed,
+            legal_moves_only=cfg.legal_moves_only,
         )
     except BaseException:
         pool.shutdown()

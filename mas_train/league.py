@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from mas_envs.games.moves import format_move
 from mas_train import lora
+from mas_train.move_choice import choose_moves
 
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
@@ -114,11 +116,16 @@ class SnapshotOpponent:
     name = "snapshot"
 
     def __init__(
-        self, adapters: Mapping[str, str], pool: WorkerPool, agent_groups: Mapping[str, str]
+        self,
+        adapters: Mapping[str, str],
+        pool: WorkerPool,
+        agent_groups: Mapping[str, str],
+        legal_moves_only: bool = False,
     ) -> None:
         self.adapters = dict(adapters)
         self.pool = pool
         self.agent_groups = dict(agent_groups)
+        self.legal_moves_only = legal_moves_only  # choose among the legal moves, as the learner does
 
     def play(self, turns: Sequence[OpponentTurn]) -> list[str]:
         from mas_train.prompts import render_prompt
@@ -130,6 +137,17 @@ class SnapshotOpponent:
         for g, idx in by_group.items():
             worker: Any = self.pool.worker(g)
             sampling = [turns[i].sampling for i in idx]
+            if self.legal_moves_only and g in self.adapters:
+                picks = choose_moves(
+                    _scorer(worker.backend, self.adapters[g]),
+                    worker.tokenizer,
+                    [render_prompt(worker.tokenizer, turns[i].messages) for i in idx],
+                    [turns[i].env.infos[turns[i].agent]["legal_moves"] for i in idx],
+                    sampling,
+                )
+                for i, (label, _) in zip(idx, picks, strict=True):
+                    out[i] = format_move(label)
+                continue
             if g not in self.adapters:  # a frozen group: its weights never change, so it plays as itself
                 if worker.wants_messages:
                     gens = worker.generate_messages([turns[i].messages for i in idx], sampling)
@@ -148,6 +166,26 @@ class SnapshotOpponent:
                     else worker.tokenizer.decode(o.completion_ids, skip_special_tokens=True)
                 )
         return out
+
+
+def _scorer(
+    backend: Any, adapter: str
+) -> Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], list[list[float]]]:
+    """``backend.score`` with ``adapter`` active, the active adapters and every ``requires_grad`` put back after."""
+
+    def score(prompts: Sequence[Sequence[int]], comps: Sequence[Sequence[int]]) -> list[list[float]]:
+        model = backend.model
+        active = list(model.active_adapters)
+        grads = {n: p.requires_grad for n, p in model.named_parameters()}
+        model.base_model.set_adapter(adapter)
+        try:
+            return list(backend.score(prompts, comps))
+        finally:
+            model.base_model.set_adapter(active if len(active) > 1 else active[0])
+            for n, p in model.named_parameters():
+                p.requires_grad_(grads[n])
+
+    return score
 
 
 def game_of(env: AECEnv[str, str, str]) -> str | None:
@@ -172,6 +210,7 @@ def make_league(resolved: ResolvedConfig, probe: AECEnv[str, str, str], pool: Wo
         agent_groups={a: ra.model_group for a, ra in resolved.agents.items()},
         trainable=[g for g, mg in groups.items() if mg.trainable],
         lora_cfgs={g: mg.lora for g, mg in groups.items()},
+        legal_moves_only=resolved.config.legal_moves_only,
     )
 
 
@@ -180,11 +219,28 @@ def check_league(resolved: ResolvedConfig, seats: Sequence[str], game: str | Non
     what to do).
 
     Raises:
-        ValueError: ``league.enabled`` or ``eval_opponents`` on an env that is not a game (``game`` None), a
+        ValueError: ``league.enabled``, ``eval_opponents`` or ``legal_moves_only`` on an env that is not a game
+            (``game`` None), ``legal_moves_only`` with a backend that cannot score or a temperature other than 1, a
             scripted opponent that does not play this game, a non-local pool, or a trainable model group that is not a
             LoRA adapter sampled by the HF backend (snapshots are adapters on the group's base).
     """
     cfg = resolved.config
+    if cfg.legal_moves_only:
+        if game is None:
+            raise ValueError(f"legal_moves_only: env {cfg.env!r} is not a game of mas_envs.games; drop it")
+        for name, ra in resolved.agents.items():
+            g = resolved.model_groups[ra.model_group]
+            if g.backend != "hf":
+                raise ValueError(
+                    f"legal_moves_only scores the legal moves with the model, which only the hf backend can; agent "
+                    f"{name!r} uses {g.backend!r}"
+                )
+            t = ra.sampling_params().temperature
+            if g.trainable and t != 1.0:
+                raise ValueError(
+                    f"legal_moves_only draws moves by the model's own probabilities (temperature 1, the logprobs "
+                    f"it records); agent {name!r} samples at {t}: set sampling.temperature 1"
+                )
     if cfg.eval_opponents:
         if game is None:
             raise ValueError(
@@ -229,6 +285,7 @@ class League:
         pool: the run's worker pool (snapshots are taken on its trainable groups' backends).
         agent_groups: agent → model group; trainable: the trainable model groups.
         lora_cfgs: model group → its LoRA settings (a snapshot adapter has the group's rank and targets).
+        legal_moves_only: snapshots choose among the legal moves as the learner does (``legal_moves_only``).
     """
 
     def __init__(
@@ -241,8 +298,10 @@ class League:
         agent_groups: Mapping[str, str],
         trainable: Sequence[str],
         lora_cfgs: Mapping[str, Any],
+        legal_moves_only: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.legal_moves_only = legal_moves_only
         self.seats = list(seats)
         self.game = game
         self.seed = int(seed)
@@ -281,7 +340,10 @@ class League:
             if name == "snapshot":
                 at = self.snapshots[int(rng.integers(len(self.snapshots)))]
                 opp: Opponent = SnapshotOpponent(
-                    {g: self.adapter(at, g) for g in self.trainable}, self.pool, self.agent_groups
+                    {g: self.adapter(at, g) for g in self.trainable},
+                    self.pool,
+                    self.agent_groups,
+                    self.legal_moves_only,
                 )
             else:
                 opp = ScriptedOpponent(name, self.game, int(rng.integers(2**31)))

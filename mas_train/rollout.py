@@ -38,14 +38,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mas_envs.core import EnvFactory, TextAECEnv, text_env
+from mas_envs.games.moves import format_move
 from mas_train.backends.base import (
     ChatBackend,
+    GenerationOutput,
     Generator,
+    LogprobScorer,
     MixedBatchGenerator,
     SamplingParams,
 )
 from mas_train.league import Opponent, OpponentTurn
 from mas_train.live_episode import LiveEpisode, Turn
+from mas_train.move_choice import choose_moves
 from mas_train.prompts import render_prompt, request_seed
 from mas_train.samples import RolloutBatch, Sample
 
@@ -79,6 +83,12 @@ class RolloutCollector:
         seed: base seed for env resets and per-request sampling seeds.
         mix_adapters: batch the turns of groups that share a ``mixed_batch_key`` into one
             ``generate_mixed`` call per tick (see the module docstring); ``False``: one call per group.
+        legal_moves_only: a game's moves are chosen among the legal move texts (``<move>LABEL</move>`` and the
+            tokenizer's EOS) instead of sampled freely: each candidate is scored by the group's model
+            (``score``, temperature 1) and one is drawn with probability ∝ exp(log p / T) (T = 0: the likeliest);
+            the sample's ids are the candidate's and its logprobs the scored ones. No move is then illegal, and
+            the policy played is the one Kuhn poker's exact evaluation reads. Turns whose env lists no
+            ``legal_moves`` are sampled as usual.
 
     Raises:
         ValueError: when an agent maps to a model group without a generator or tokenizer.
@@ -96,6 +106,7 @@ class RolloutCollector:
         max_ticks: int = 256,
         seed: int = 0,
         mix_adapters: bool = True,
+        legal_moves_only: bool = False,
     ) -> None:
         for agent, group in agent_groups.items():
             if group not in generators or group not in tokenizers:
@@ -112,6 +123,7 @@ class RolloutCollector:
         self.max_ticks = max_ticks
         self.seed = seed
         self.mix_adapters = bool(mix_adapters)
+        self.legal_moves_only = bool(legal_moves_only)
         self._envs: list[AECEnv[str, str, str]] = []
 
     def _env(self, i: int) -> AECEnv[str, str, str]:
@@ -153,6 +165,23 @@ class RolloutCollector:
                 key = gen.mixed_batch_key
             units.setdefault(("mixed", key) if key is not None else ("alone", g), []).append(g)
         return [tuple(u) for u in units.values()]
+
+    def _choose(
+        self, group: str, picks: Sequence[tuple[int, Turn, SamplingParams, list[str]]]
+    ) -> list[tuple[str, GenerationOutput]]:
+        gen = self.generators[group]
+        if not isinstance(gen, LogprobScorer) or not gen.can_score:
+            raise TypeError(
+                f"legal_moves_only needs a backend that scores completions; group {group!r} has none"
+            )
+        return choose_moves(
+            gen.score,
+            self.tokenizers[group],
+            [p.prompt_ids for _, p, _, _ in picks],
+            [legal for _, _, _, legal in picks],
+            [sp for _, _, sp, _ in picks],
+            version=int(getattr(gen, "weight_version", 0)),
+        )
 
     def collect(
         self,
@@ -223,6 +252,8 @@ class RolloutCollector:
             t0 = time.perf_counter()
             # requests[group] = list of (episode index, pending turn, sampling)
             requests: dict[str, list[tuple[int, Turn, SamplingParams]]] = defaultdict(list)
+            # turns chosen among the legal moves: group -> [(episode index, turn, sampling, legal labels)]
+            choices: dict[str, list[tuple[int, Turn, SamplingParams, list[str]]]] = defaultdict(list)
             # an opponent's turns: {id(opponent): (opponent, [(episode index, turn)])}
             foes: dict[int, tuple[Opponent, list[tuple[int, OpponentTurn]]]] = {}
             for i, ep in enumerate(episodes):
@@ -255,6 +286,9 @@ class RolloutCollector:
                     ep.env, agent, sampling_override, request_seed(self.seed, step, i, turn)
                 )
                 pending = Turn(agent=agent, model_group=group, turn=turn, prompt_ids=prompt)
+                if self.legal_moves_only and info.get("legal_moves"):
+                    choices[group].append((i, pending, sp, list(info["legal_moves"])))
+                    continue
                 requests[group].append((i, pending, sp))
             t_env += time.perf_counter() - t0
 
@@ -291,6 +325,15 @@ class RolloutCollector:
                     messages = episodes[i].env.infos[pending.agent]["messages"]
                     episodes[i].step(pending.agent, text, pending, messages, pending.turn)
                 t_env += time.perf_counter() - t0
+            for group, picks in choices.items():
+                t0 = time.perf_counter()
+                chosen = self._choose(group, picks)
+                t_gen += time.perf_counter() - t0
+                calls[f"{group}/choice"] += 1
+                for (i, pending, _sp, _legal), (label, out) in zip(picks, chosen, strict=True):
+                    pending.output = out
+                    messages = episodes[i].env.infos[pending.agent]["messages"]
+                    episodes[i].step(pending.agent, format_move(label), pending, messages, pending.turn)
             for foe, turns in foes.values():
                 t0 = time.perf_counter()
                 texts = foe.play([t for _, t in turns])

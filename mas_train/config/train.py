@@ -165,6 +165,11 @@ class TrainConfig:
     dynamic_sampling: DynamicSamplingConfig = _help(
         "Keep task groups with signal only.", default_factory=DynamicSamplingConfig
     )
+    legal_moves_only: bool = _help(
+        "Games: choose each move among the legal move texts by the model's probability of each (scored, not "
+        "sampled freely), so no move is illegal; needs the hf backend and sampling.temperature 1.",
+        default=False,
+    )
     league: LeagueConfig = _help(
         "Game opponents: self-play, frozen snapshots and scripted policies (enabled, self_play, snapshots, "
         "scripted, snapshot_every, max_snapshots).",

@@ -328,3 +328,127 @@ def test_the_plain_kuhn_run_is_self_play_with_a_league_on_all_six_deals():
     )
     assert cfg.env_kwargs == {"move_hint": "choices"} and cfg.sampling.max_new_tokens == 8
     assert not parse_args(["--env", "kuhn-poker", "--model", "Qwen/Qwen3-4B"]).league.enabled
+
+
+def test_choose_moves_draws_by_the_scored_probabilities_and_returns_the_scored_ids(tok):
+    """Two legal moves whose texts score log 0.2 and log 0.8 (on their first token): at T = 1 the draw is exactly
+    numpy's with p = (0.2, 0.8) from the request seed; at T = 0 the likelier; at T = 0.5 p ∝ (0.04, 0.64). The
+    returned ids are the move tag and EOS, the logprobs the scored ones."""
+    import math
+
+    import numpy as np
+
+    from mas_train.move_choice import choose_moves
+
+    seen = []
+
+    def score(prompts, comps):
+        seen.append((prompts, comps))
+        return [
+            [math.log(0.2 if b"check" in tok.decode(c).encode() else 0.8)] + [0.0] * (len(c) - 1)
+            for c in comps
+        ]
+
+    legal = [["check", "bet"]] * 3
+    sps = [SamplingParams(temperature=1.0, seed=s) for s in (1, 2, 3)]
+    got = choose_moves(score, tok, [[1, 2, 3]] * 3, legal, sps, version=7)
+    want = [["check", "bet"][int(np.random.default_rng(s).choice(2, p=[0.2, 0.8]))] for s in (1, 2, 3)]
+    assert [m for m, _ in got] == want
+    for m, out in got:
+        ids = tok.encode(f"<move>{m}</move>", add_special_tokens=False) + [tok.eos_token_id]
+        assert out.completion_ids == ids and out.weight_version == 7 and out.finish_reason == "stop"
+        assert out.logprobs == pytest.approx(
+            [math.log(0.2 if m == "check" else 0.8)] + [0.0] * (len(ids) - 1)
+        )
+    assert len(seen) == 1 and len(seen[0][1]) == 6  # one score call for every candidate of the batch
+    assert [
+        m for m, _ in choose_moves(score, tok, [[1]], [["check", "bet"]], [SamplingParams(temperature=0.0)])
+    ] == ["bet"]
+    draws = [
+        choose_moves(score, tok, [[1]], [["check", "bet"]], [SamplingParams(temperature=0.5, seed=s)])[0][0]
+        for s in range(2000)
+    ]
+    assert draws.count("check") / 2000 == pytest.approx(0.04 / 0.68, abs=0.015)
+
+
+def test_legal_moves_only_never_plays_an_illegal_move_even_from_a_model_that_writes_prose(tok):
+    """The fake model generates prose (every free move illegal) but scores 'call'/'bet' likelier: with
+    legal_moves_only every move is legal, each sample ends with EOS, and free sampling forfeits every game."""
+    import math
+
+    class ProseScorer(ScriptGenerator):
+        can_score = True
+
+        def score(self, prompt_ids, completion_ids):
+            return [
+                [math.log(0.9 if re.search(r"bet|call", self.tok.decode(c)) else 0.1)] + [0.0] * (len(c) - 1)
+                for c in completion_ids
+            ]
+
+    gen = ProseScorer(tok, lambda text, sp: "Kuhn poker is a game of")  # free text: never a move
+    tasks = [{"id": "KQ", "question": "deal", "cards": ["K", "Q"], "data_source": "kuhn"}]
+    for only in (True, False):
+        col = RolloutCollector(
+            lambda: mas_envs.make("kuhn-poker"),
+            generators={"g": gen},
+            tokenizers={"g": tok},
+            agent_groups={"player_0": "g", "player_1": "g"},
+            sampling={a: SamplingParams(max_new_tokens=8, temperature=1.0) for a in ("player_0", "player_1")},
+            legal_moves_only=only,
+        )
+        batch = col.collect(tasks, 4, step=0)
+        if only:
+            assert batch.samples and not any(s.invalid for s in batch.samples)
+            assert all(s.completion_ids[-1] == tok.eos_token_id for s in batch.samples)
+            assert all(t.metrics["forfeit"] == 0.0 for t in batch.trajectories)
+        else:
+            assert all(s.invalid for s in batch.samples) and all(
+                t.metrics["forfeit"] == 1.0 for t in batch.trajectories
+            )
+
+
+def test_legal_moves_only_is_refused_off_games_and_at_another_temperature(tmp_path):
+    from mas_train.config import TrainConfig
+    from mas_train.startup import prepare
+
+    base = dict(output_dir=str(tmp_path), eval_steps=0, max_steps=1, legal_moves_only=True)
+    with pytest.raises(ConfigError, match="legal_moves_only: env 'math-2agent' is not a game"):
+        prepare(TrainConfig.from_dict(dict(base, env="math-2agent")))
+    with pytest.raises(ConfigError, match="set sampling.temperature 1"):
+        prepare(TrainConfig.from_dict(dict(base, env="kuhn-poker", sampling={"temperature": 0.7})))
+
+
+def test_tiny_qwen3_kuhn_with_legal_moves_only_learner_and_snapshot_play_only_legal_moves(
+    tmp_path, tiny_qwen3_path
+):
+    """The random-init tiny model never writes a move by itself; with legal_moves_only no turn is illegal, no game
+    is forfeited, including the games against its snapshot (step 2), and the adapters get a gradient."""
+    pytest.importorskip("trl")
+    from mas_train.assemble import assemble_trainer
+    from mas_train.config import TrainConfig
+
+    seats = ("player_0", "player_1")
+    deals = [{"id": f"kuhn-poker/{a}{b}", "question": "deal", "cards": [a, b], "data_source": "kuhn-poker"}
+             for a, b in (("K", "J"), ("Q", "K"), ("J", "Q"))]  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        dict(env="kuhn-poker", model=tiny_qwen3_path, num_generations=4, tasks_per_step=3, max_steps=2,
+             output_dir=str(tmp_path), run_name="run", sampling={"max_new_tokens": 8, "temperature": 1.0},
+             eval_steps=0, model_sharing="shared_lora", lora={"r": 4, "alpha": 8}, legal_moves_only=True,
+             league={"enabled": True, "self_play": 0, "snapshots": 1.0, "scripted": {"random": 0.001},
+                     "snapshot_every": 1})
+    )  # fmt: skip
+    tr = assemble_trainer(
+        cfg.resolve(list(seats)),
+        env_factory=lambda: mas_envs.make("kuhn-poker"),
+        train_tasks=deals,
+        eval_tasks=None,
+    )
+    try:
+        m1, _ = tr.train_step()
+        m2, _ = tr.train_step()
+    finally:
+        tr.close()
+    for m in (m1, m2):
+        assert m["charts/invalid_rate"] == 0.0 and m["env/forfeit"] == 0.0
+    assert m2["league/episodes/snapshot"] == 1.0
+    assert max(m1.get(f"losses/grad_norm/{s}", 0.0) for s in seats) > 0.0

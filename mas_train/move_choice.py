@@ -1,0 +1,59 @@
+"""A game's move chosen among its legal moves by the model's probability of each move text, instead of sampled
+freely (``legal_moves_only``): no move is then illegal, and the policy played is the one an exact evaluation (Kuhn
+poker's exploitability) reads from the same log-probabilities."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mas_envs.games.moves import format_move
+from mas_train.backends.base import GenerationOutput, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["choose_moves"]
+
+
+def choose_moves(
+    score: Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], list[list[float]]],
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Sequence[int]],
+    legal: Sequence[Sequence[str]],
+    sampling: Sequence[SamplingParams],
+    *,
+    version: int = 0,
+) -> list[tuple[str, GenerationOutput]]:
+    """Draw one move per prompt among its legal labels by the model's probability of each move text
+    (``RolloutCollector(legal_moves_only=True)``): the candidates ``<move>LABEL</move>`` + EOS are scored in one
+    ``score(prompt_ids, completion_ids)`` call (per-token log-probs, temperature 1); move k is drawn with
+    probability ∝ exp(Σ log p_k / T) from ``numpy.random.default_rng(sampling.seed)`` (T = 0: the likeliest).
+
+    Returns:
+        Per prompt, the label and a :class:`GenerationOutput` of the candidate's ids and scored logprobs
+        (``finish_reason`` ``"stop"``, ``weight_version`` ``version``).
+    """
+    eos = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    cands = [
+        [tokenizer.encode(format_move(m), add_special_tokens=False) + eos for m in moves] for moves in legal
+    ]
+    scores = score(
+        [list(p) for p, moves in zip(prompts, legal, strict=True) for _ in moves],
+        [c for cs in cands for c in cs],
+    )
+    out, at = [], 0
+    for moves, cs, sp in zip(legal, cands, sampling, strict=True):
+        got = scores[at : at + len(moves)]
+        at += len(moves)
+        total = np.array([sum(s) for s in got])
+        if sp.temperature <= 0:
+            k = int(np.argmax(total))
+        else:
+            z = total / sp.temperature
+            p = np.exp(z - z.max())
+            k = int(np.random.default_rng(sp.seed).choice(len(moves), p=p / p.sum()))
+        out.append((str(moves[k]), GenerationOutput(list(cs[k]), list(got[k]), "stop", version)))
+    return out
