@@ -1088,6 +1088,7 @@ ADDED_SINCE_DDC0558 = {
     },
     "dynamic_sampling": {"enabled": False, "oversample": 1.5, "max_rounds": 3, "std_tol": 1e-06},
     "eval_opponents": [],
+    "legal_moves_only": False,
     "league": {
         "enabled": False,
         "self_play": 0.5,

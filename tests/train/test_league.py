@@ -327,6 +327,7 @@ def test_the_plain_kuhn_run_is_self_play_with_a_league_on_all_six_deals():
         "shared_lora",
     )
     assert cfg.env_kwargs == {"move_hint": "choices"} and cfg.sampling.max_new_tokens == 8
+    assert cfg.legal_moves_only and cfg.sampling.temperature == 1.0
     assert not parse_args(["--env", "kuhn-poker", "--model", "Qwen/Qwen3-4B"]).league.enabled
 
 
