@@ -1130,7 +1130,7 @@ def test_help_shows_what_a_plain_run_does_laptop_setting(capsys, monkeypatch):
     from mas_train.config import LAPTOP_DEFAULTS
 
     # the math-2agent/math-1agent notes alone (search's: their own test; math-fixer's: tests/train/test_fixer_setting.py)
-    for env in ("search-3agent", "search-1agent", "math-fixer", "kuhn-poker"):
+    for env in ("search-3agent", "search-1agent", "math-fixer", "kuhn-poker", "tictactoe"):
         monkeypatch.delitem(LAPTOP_DEFAULTS, env)
     with pytest.raises(SystemExit):
         parse_args(["--help"])
@@ -1159,6 +1159,7 @@ def test_a_laptop_setting_for_another_env_is_data_only_laptop_setting(monkeypatc
     monkeypatch.delitem(LAPTOP_DEFAULTS, "search-3agent")
     monkeypatch.delitem(LAPTOP_DEFAULTS, "math-fixer")
     monkeypatch.delitem(LAPTOP_DEFAULTS, "kuhn-poker")
+    monkeypatch.delitem(LAPTOP_DEFAULTS, "tictactoe")
     cfg = parse_args(["--env", "search-1agent"])
     assert (cfg.max_steps, cfg.sampling.max_new_tokens, cfg.num_generations) == (9, 64, 4)
     assert parse_args(["--env", "search-1agent", "--train_data", "x.jsonl"]).max_steps == 6
