@@ -337,13 +337,14 @@ def collect_step(
         if not drawn:
             break
         prefix = f"{step}/" if r == 0 else f"{step}/r{r}/"
-        batch = collector.collect(
-            [row for _, row in drawn],
-            num_generations,
-            step=step + 1_000_003 * r,
-            uid_prefix=prefix,
-            opponents=league.draw(step, r) if league is not None else None,
-        )
+        rows = [row for _, row in drawn]
+        at = step + 1_000_003 * r
+        if league is None:  # (a collector without opponents, e.g. a test's fake, is called as before)
+            batch = collector.collect(rows, num_generations, step=at, uid_prefix=prefix)
+        else:
+            batch = collector.collect(
+                rows, num_generations, step=at, uid_prefix=prefix, opponents=league.draw(step, r)
+            )
         rounds.append(batch)
         signals = group_signals(batch.samples, score(batch.samples), trainable_agents, std_tol=tol)
         for t_idx, (index, row) in enumerate(drawn):
