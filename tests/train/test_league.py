@@ -142,9 +142,8 @@ def test_mas_train_refuses_a_league_on_a_team_env_and_an_opponent_of_another_gam
 def _adapter(model, name):
     from mas_train import lora
 
-    return {
-        n.replace(f".{name}.", ".X."): p.detach().clone() for n, p in lora.adapter_state(model, name).items()
-    }
+    part = re.compile(rf"(\.lora_[A-Za-z_]+\.){re.escape(name)}\.")
+    return {part.sub(r"\g<1>X.", n): p.detach().clone() for n, p in lora.adapter_state(model, name).items()}
 
 
 def test_tiny_qwen3_kuhn_league_snapshots_are_frozen_copies_kept_and_resumed(tmp_path, tiny_qwen3_path):
@@ -328,3 +327,80 @@ def test_the_plain_kuhn_run_is_self_play_with_a_league_on_all_six_deals():
     )
     assert cfg.env_kwargs == {"move_hint": "choices"} and cfg.sampling.max_new_tokens == 8
     assert not parse_args(["--env", "kuhn-poker", "--model", "Qwen/Qwen3-4B"]).league.enabled
+
+
+def test_against_an_opponent_the_learner_holds_a_seat_whose_group_trains():
+    """With a frozen seat (its group does not train) the learner is the trainable seat in every task group: a
+    frozen learner's turns would give the task group no sample to learn from. With every seat training the draw
+    is the one of the plain league (the same learners, the same stream)."""
+    cfg = LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"random": 1.0})
+    groups = {"player_1": "x", "player_2": "y"}
+    frozen = League(
+        cfg, TTT, "tictactoe-v0", 0, pool=None, agent_groups=groups, trainable=["x"], lora_cfgs={}
+    )
+    seats = frozen.draw(2, 0)
+    assert all(set(seats(t)) == {"player_2"} for t in range(64))
+    both = League(
+        cfg, TTT, "tictactoe-v0", 0, pool=None, agent_groups=groups, trainable=["x", "y"], lora_cfgs={}
+    )
+    plain = _league(cfg)
+    got = [sorted(both.draw(2, 0)(t)) for t in range(64)]
+    assert got == [sorted(plain.draw(2, 0)(t)) for t in range(64)]
+    assert {tuple(s) for s in got} == {("player_1",), ("player_2",)}
+
+
+def test_an_opponent_turn_in_the_episode_record_scores_its_own_seats_return(tok):
+    """A game's seats have their own returns (the team reward is their mean, 0 here): a turn minimax played is
+    recorded with minimax's return (+1 when the naive learner loses as X), as a learner turn is with its own."""
+    from mas_train.episodes import episode_records
+
+    gen = ScriptGenerator(tok, _first_legal)
+    col = RolloutCollector(
+        lambda: mas_envs.make("tictactoe"),
+        generators={"g": gen},
+        tokenizers={"g": tok},
+        agent_groups={a: "g" for a in TTT},
+        sampling={a: SamplingParams(max_new_tokens=8) for a in TTT},
+    )
+    league = _league(LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"minimax": 1.0}))
+    tasks = [{"id": f"g{i}", "question": "play", "data_source": "tictactoe"} for i in range(6)]
+    batch = col.collect(tasks, 1, step=1, opponents=league.draw(1, 0))
+    recs = episode_records(batch, range(len(batch.trajectories)), penalty=0.0, kind="train", step=1)
+    for rec, traj in zip(recs, batch.trajectories, strict=True):
+        assert traj.team_reward == 0.0
+        for row in rec["transcript"]:
+            if row["speaker"] != "env":
+                assert row["score"] == traj.agent_rewards[row["speaker"]]
+    # the learner as X (minimax plays player_2) loses every game: minimax's rows score +1, the learner's -1
+    as_x = [rec for rec, t in zip(recs, batch.trajectories, strict=True) if "player_2" in t.opponents]
+    assert as_x
+    rows = [r for rec in as_x for r in rec["transcript"] if r["speaker"] != "env"]
+    assert {r["score"] for r in rows if r["played_by"] == "minimax"} == {1.0}
+    assert {r["score"] for r in rows if r["played_by"] is None} == {-1.0}
+
+
+def test_a_snapshot_copies_the_adapter_of_a_group_named_like_a_module_path_part(tiny_qwen3_path):
+    """A model group may be called ``0`` (its adapter's parameters are ``...layers.0...lora_A.0.weight``): the
+    snapshot still copies the adapter tensor for tensor (only the adapter part of each name is renamed)."""
+    from types import SimpleNamespace
+
+    from mas_train import lora
+    from mas_train.config.sections import LoraConfig
+    from mas_train.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(tiny_qwen3_path, dtype="float32", device="cpu")
+    cfg = LoraConfig(r=4, alpha=8)
+    peft_model = lora.wrap(model, cfg, "0")
+    with torch.no_grad():
+        for p in lora.adapter_state(peft_model, "0").values():
+            p.uniform_(-1, 1)
+    worker = SimpleNamespace(backend=SimpleNamespace(model=peft_model), policy=SimpleNamespace(adapter="0"))
+    pool = SimpleNamespace(worker=lambda g: worker)
+    league = League(
+        LeagueConfig(enabled=True, snapshot_every=1), TTT, "tictactoe-v0", 0, pool, {a: "0" for a in TTT}, ["0"],
+        {"0": cfg},
+    )  # fmt: skip
+    assert league.after_step(1)
+    snap = _adapter(peft_model, League.adapter(1, "0"))
+    mine = _adapter(peft_model, "0")
+    assert snap.keys() == mine.keys() and all(torch.equal(snap[n], mine[n]) for n in mine)
