@@ -404,3 +404,23 @@ def test_a_snapshot_copies_the_adapter_of_a_group_named_like_a_module_path_part(
     snap = _adapter(peft_model, League.adapter(1, "0"))
     mine = _adapter(peft_model, "0")
     assert snap.keys() == mine.keys() and all(torch.equal(snap[n], mine[n]) for n in mine)
+
+
+def test_the_documented_flags_a_scripted_mix_adds_to_the_default_and_eval_opponents_are_words():
+    """docs/envs.md: ``--league.scripted`` adds its keys to the default ``{random: 0.2}`` (``random: 0`` drops
+    it, weight 0 never draws); docs/training.md: ``--eval_opponents random minimax`` (a YAML list is not read)."""
+    from mas_train.config.args import parse_args
+
+    base = ["--env", "tictactoe", "--league.enabled", "true"]
+    assert parse_args([*base, "--league.scripted", "{minimax: 1}"]).league.scripted == {
+        "random": 0.2,
+        "minimax": 1,
+    }
+    cfg = parse_args([*base, "--league.scripted", "{minimax: 1, random: 0}"]).league
+    assert _league(cfg).weights() == pytest.approx({"self": 0.5 / 1.5, "minimax": 1 / 1.5})
+    assert parse_args(
+        ["--env", "tictactoe", "--eval_opponents", "random", "minimax?epsilon=0"]
+    ).eval_opponents == [
+        "random",
+        "minimax?epsilon=0",
+    ]
