@@ -314,11 +314,12 @@ class League:
         return name
 
     def after_step(self, step: int) -> bool:
-        """Take a snapshot after step ``step`` when it is due (``step % snapshot_every == 0``) and drop the
-        oldest beyond ``max_snapshots``; ``True`` when one was taken."""
+        """Take a snapshot after step ``step`` when it is due (``step % snapshot_every == 0``; never with a
+        ``snapshots`` weight of 0, which would never draw it) and drop the oldest beyond ``max_snapshots``;
+        ``True`` when one was taken."""
         import torch
 
-        if step % self.cfg.snapshot_every:
+        if step % self.cfg.snapshot_every or self.cfg.snapshots <= 0:
             return False
         for g in self.trainable:
             model = self._model(g)

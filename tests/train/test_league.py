@@ -424,3 +424,13 @@ def test_the_documented_flags_a_scripted_mix_adds_to_the_default_and_eval_oppone
         "random",
         "minimax?epsilon=0",
     ]
+
+
+def test_no_snapshot_is_taken_when_the_mix_never_draws_one():
+    """league.snapshots 0 (e.g. tic-tac-toe against scripted opponents only): no adapter copy is made, kept in
+    memory or written to checkpoints, and league/snapshots stays 0."""
+    league = _league(LeagueConfig(enabled=True, snapshots=0, snapshot_every=2, scripted={"minimax": 1.0}))
+    assert not league.after_step(2) and not league.after_step(4)
+    assert league.snapshots == [] and league.metrics([])["league/snapshots"] == 0.0
+    drawn = _league(LeagueConfig(enabled=True, snapshots=0.3, snapshot_every=2))
+    assert not drawn.after_step(1) and drawn.after_step(2) and drawn.snapshots == [2]
