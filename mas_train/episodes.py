@@ -181,7 +181,9 @@ def episode_records(
             if ev.speaker == "env" and ev.messages is None:
                 transcript.append({"speaker": "env", "turn": ev.turn, "text": ev.text})
                 continue
-            score = _finite(traj.team_reward - penalty * float(ev.invalid))
+            # a turn without a sample (skipped, or a league opponent's): its seat's own return in a game
+            reward = traj.agent_rewards.get(ev.speaker, traj.team_reward)
+            score = _finite(reward - penalty * float(ev.invalid))
             row: dict[str, Any] = {
                 "speaker": ev.speaker,
                 "turn": ev.turn,

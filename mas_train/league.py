@@ -11,9 +11,9 @@ Self-play alone collapses (tinker's tic-tac-toe recipe: draws against minimax by
 * ``scripted``: a scripted policy of :mod:`mas_envs.games.opponents` (``random``, ``minimax?epsilon=0.2``,
   ``equilibrium``), each with its own weight.
 
-Against a snapshot or a script one seat, drawn uniformly, is the learner: only its turns become samples; the
-opponent plays every other seat. The G episodes of a task group share the draw (so their group baseline compares
-like with like). Draws are seeded by ``(seed, step, round, task index)`` only, so a resumed run draws the same
+Against a snapshot or a script one seat, drawn uniformly among the seats whose model group trains, is the
+learner: only its turns become samples; the opponent plays every other seat. The G episodes of a task group
+share the draw (so their group baseline compares like with like). Draws are seeded by ``(seed, step, round, task index)`` only, so a resumed run draws the same
 opponents. Evaluation never uses the league: it plays the learner against itself (and the env's exact
 evaluation, e.g. Kuhn poker's exploitability).
 
@@ -30,6 +30,7 @@ tic-tac-toe +1/0/-1), and the number of kept snapshots.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -328,6 +329,8 @@ class League:
         probs = self.weights()
         names = list(probs)
         p = np.array([probs[n] for n in names])
+        # the learner holds a seat whose model group trains: a frozen seat's turns give no sample to learn from
+        learners = [s for s in self.seats if self.agent_groups.get(s) in self.trainable] or self.seats
 
         def seats_of(t_idx: int) -> dict[str, Opponent]:
             from mas_train.prompts import request_seed
@@ -336,7 +339,7 @@ class League:
             name = names[int(rng.choice(len(names), p=p))]
             if name == SELF:
                 return {}
-            learner = self.seats[int(rng.integers(len(self.seats)))]
+            learner = learners[int(rng.integers(len(learners)))]
             if name == "snapshot":
                 at = self.snapshots[int(rng.integers(len(self.snapshots)))]
                 opp: Opponent = SnapshotOpponent(
@@ -373,20 +376,23 @@ class League:
         return name
 
     def after_step(self, step: int) -> bool:
-        """Take a snapshot after step ``step`` when it is due (``step % snapshot_every == 0``) and drop the
-        oldest beyond ``max_snapshots``; ``True`` when one was taken."""
+        """Take a snapshot after step ``step`` when it is due (``step % snapshot_every == 0``; never with a
+        ``snapshots`` weight of 0, which would never draw it) and drop the oldest beyond ``max_snapshots``;
+        ``True`` when one was taken."""
         import torch
 
-        if step % self.cfg.snapshot_every:
+        if step % self.cfg.snapshot_every or self.cfg.snapshots <= 0:
             return False
         for g in self.trainable:
             model = self._model(g)
             name = self._add(step, g)
             src = self.pool.worker(g).policy.adapter  # type: ignore[attr-defined]
             mine = lora.adapter_state(model, name)
+            # rename only the adapter part of each name (a group may be called like a module, e.g. "0")
+            part = re.compile(rf"(\.lora_[A-Za-z_]+\.){re.escape(src)}\.")
             with torch.no_grad():
                 for n, t in lora.adapter_state(model, src).items():
-                    mine[n.replace(f".{src}.", f".{name}.")].copy_(t)
+                    mine[part.sub(rf"\g<1>{name}.", n)].copy_(t)
         self.snapshots.append(step)
         while len(self.snapshots) > self.cfg.max_snapshots:
             old = self.snapshots.pop(0)

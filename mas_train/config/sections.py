@@ -390,7 +390,8 @@ class LeagueConfig:
     enabled: bool = _help("Draw each task group's opponent from the league mix.", default=False)
     self_play: float = _help("Weight of self-play (every seat is the learner).", default=0.5)
     snapshots: float = _help(
-        "Weight of a frozen snapshot (one of the kept ones, uniformly); 0 before the first snapshot.",
+        "Weight of a frozen snapshot (one of the kept ones, uniformly); 0 before the first snapshot; "
+        "weight 0: no snapshot is taken.",
         default=0.3,
     )
     scripted: dict[str, float] = _help(

@@ -142,9 +142,8 @@ def test_mas_train_refuses_a_league_on_a_team_env_and_an_opponent_of_another_gam
 def _adapter(model, name):
     from mas_train import lora
 
-    return {
-        n.replace(f".{name}.", ".X."): p.detach().clone() for n, p in lora.adapter_state(model, name).items()
-    }
+    part = re.compile(rf"(\.lora_[A-Za-z_]+\.){re.escape(name)}\.")
+    return {part.sub(r"\g<1>X.", n): p.detach().clone() for n, p in lora.adapter_state(model, name).items()}
 
 
 def test_tiny_qwen3_kuhn_league_snapshots_are_frozen_copies_kept_and_resumed(tmp_path, tiny_qwen3_path):
@@ -453,3 +452,110 @@ def test_tiny_qwen3_kuhn_with_legal_moves_only_learner_and_snapshot_play_only_le
         assert m["charts/invalid_rate"] == 0.0 and m["env/forfeit"] == 0.0
     assert m2["league/episodes/snapshot"] == 1.0
     assert max(m1.get(f"losses/grad_norm/{s}", 0.0) for s in seats) > 0.0
+
+
+def test_against_an_opponent_the_learner_holds_a_seat_whose_group_trains():
+    """With a frozen seat (its group does not train) the learner is the trainable seat in every task group: a
+    frozen learner's turns would give the task group no sample to learn from. With every seat training the draw
+    is the one of the plain league (the same learners, the same stream)."""
+    cfg = LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"random": 1.0})
+    groups = {"player_1": "x", "player_2": "y"}
+    frozen = League(
+        cfg, TTT, "tictactoe-v0", 0, pool=None, agent_groups=groups, trainable=["x"], lora_cfgs={}
+    )
+    seats = frozen.draw(2, 0)
+    assert all(set(seats(t)) == {"player_2"} for t in range(64))
+    both = League(
+        cfg, TTT, "tictactoe-v0", 0, pool=None, agent_groups=groups, trainable=["x", "y"], lora_cfgs={}
+    )
+    plain = _league(cfg)
+    got = [sorted(both.draw(2, 0)(t)) for t in range(64)]
+    assert got == [sorted(plain.draw(2, 0)(t)) for t in range(64)]
+    assert {tuple(s) for s in got} == {("player_1",), ("player_2",)}
+
+
+def test_an_opponent_turn_in_the_episode_record_scores_its_own_seats_return(tok):
+    """A game's seats have their own returns (the team reward is their mean, 0 here): a turn minimax played is
+    recorded with minimax's return (+1 when the naive learner loses as X), as a learner turn is with its own."""
+    from mas_train.episodes import episode_records
+
+    gen = ScriptGenerator(tok, _first_legal)
+    col = RolloutCollector(
+        lambda: mas_envs.make("tictactoe"),
+        generators={"g": gen},
+        tokenizers={"g": tok},
+        agent_groups={a: "g" for a in TTT},
+        sampling={a: SamplingParams(max_new_tokens=8) for a in TTT},
+    )
+    league = _league(LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"minimax": 1.0}))
+    tasks = [{"id": f"g{i}", "question": "play", "data_source": "tictactoe"} for i in range(6)]
+    batch = col.collect(tasks, 1, step=1, opponents=league.draw(1, 0))
+    recs = episode_records(batch, range(len(batch.trajectories)), penalty=0.0, kind="train", step=1)
+    for rec, traj in zip(recs, batch.trajectories, strict=True):
+        assert traj.team_reward == 0.0
+        for row in rec["transcript"]:
+            if row["speaker"] != "env":
+                assert row["score"] == traj.agent_rewards[row["speaker"]]
+    # the learner as X (minimax plays player_2) loses every game: minimax's rows score +1, the learner's -1
+    as_x = [rec for rec, t in zip(recs, batch.trajectories, strict=True) if "player_2" in t.opponents]
+    assert as_x
+    rows = [r for rec in as_x for r in rec["transcript"] if r["speaker"] != "env"]
+    assert {r["score"] for r in rows if r["played_by"] == "minimax"} == {1.0}
+    assert {r["score"] for r in rows if r["played_by"] is None} == {-1.0}
+
+
+def test_a_snapshot_copies_the_adapter_of_a_group_named_like_a_module_path_part(tiny_qwen3_path):
+    """A model group may be called ``0`` (its adapter's parameters are ``...layers.0...lora_A.0.weight``): the
+    snapshot still copies the adapter tensor for tensor (only the adapter part of each name is renamed)."""
+    from types import SimpleNamespace
+
+    from mas_train import lora
+    from mas_train.config.sections import LoraConfig
+    from mas_train.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(tiny_qwen3_path, dtype="float32", device="cpu")
+    cfg = LoraConfig(r=4, alpha=8)
+    peft_model = lora.wrap(model, cfg, "0")
+    with torch.no_grad():
+        for p in lora.adapter_state(peft_model, "0").values():
+            p.uniform_(-1, 1)
+    worker = SimpleNamespace(backend=SimpleNamespace(model=peft_model), policy=SimpleNamespace(adapter="0"))
+    pool = SimpleNamespace(worker=lambda g: worker)
+    league = League(
+        LeagueConfig(enabled=True, snapshot_every=1), TTT, "tictactoe-v0", 0, pool, {a: "0" for a in TTT}, ["0"],
+        {"0": cfg},
+    )  # fmt: skip
+    assert league.after_step(1)
+    snap = _adapter(peft_model, League.adapter(1, "0"))
+    mine = _adapter(peft_model, "0")
+    assert snap.keys() == mine.keys() and all(torch.equal(snap[n], mine[n]) for n in mine)
+
+
+def test_the_documented_flags_a_scripted_mix_adds_to_the_default_and_eval_opponents_are_words():
+    """docs/envs.md: ``--league.scripted`` adds its keys to the default ``{random: 0.2}`` (``random: 0`` drops
+    it, weight 0 never draws); docs/training.md: ``--eval_opponents random minimax`` (a YAML list is not read)."""
+    from mas_train.config.args import parse_args
+
+    base = ["--env", "tictactoe", "--train_data", "games.jsonl", "--league.enabled", "true"]  # no laptop layer
+    assert parse_args([*base, "--league.scripted", "{minimax: 1}"]).league.scripted == {
+        "random": 0.2,
+        "minimax": 1,
+    }
+    cfg = parse_args([*base, "--league.scripted", "{minimax: 1, random: 0}"]).league
+    assert _league(cfg).weights() == pytest.approx({"self": 0.5 / 1.5, "minimax": 1 / 1.5})
+    assert parse_args(
+        ["--env", "tictactoe", "--eval_opponents", "random", "minimax?epsilon=0"]
+    ).eval_opponents == [
+        "random",
+        "minimax?epsilon=0",
+    ]
+
+
+def test_no_snapshot_is_taken_when_the_mix_never_draws_one():
+    """league.snapshots 0 (e.g. tic-tac-toe against scripted opponents only): no adapter copy is made, kept in
+    memory or written to checkpoints, and league/snapshots stays 0."""
+    league = _league(LeagueConfig(enabled=True, snapshots=0, snapshot_every=2, scripted={"minimax": 1.0}))
+    assert not league.after_step(2) and not league.after_step(4)
+    assert league.snapshots == [] and league.metrics([])["league/snapshots"] == 0.0
+    drawn = _league(LeagueConfig(enabled=True, snapshots=0.3, snapshot_every=2))
+    assert not drawn.after_step(1) and drawn.after_step(2) and drawn.snapshots == [2]
