@@ -1,9 +1,11 @@
 """Play Kuhn poker in the terminal against a trained checkpoint (or any model).
 
 You take one seat; the model plays the other with the adapter its run trained for that seat (the checkpoint's
-``groups/<group>/adapter``, PEFT format, on the run's base model) and the run's sampling temperature. The
-model sees exactly the prompt the env gives it in training; a reply that is no legal move is an in-game illegal
-move (the env's rule), never a crash. After each hand the chips and the running total are printed::
+``groups/<group>/adapter``, PEFT format, on the run's base model), the run's sampling temperature and env
+arguments (``move_hint``), and, when the run trained with ``legal_moves_only``, it picks its move among the legal
+ones by its probability of each, as in training (``--legal-moves-only`` for a plain model). The model sees exactly
+the prompt the env gives it in training; a reply that is no legal move is an in-game illegal move (the env's rule),
+never a crash. After each hand the chips and the running total are printed::
 
     python examples/play_kuhn.py --checkpoint RUN/checkpoints/step-000014 --seat player_1 --hands 3
     python examples/play_kuhn.py --model smollm2-135m-instruct       # the untrained base model
@@ -24,8 +26,9 @@ import mas_envs
 LETTERS = {"c": None, "b": "bet", "f": "fold", "k": "check"}  # "c" is check or call: whichever is legal
 
 
-def ask_human(legal: list[str], read: Callable[[str], str] = input) -> str:
-    """A legal move label from the person (asks again on anything else)."""
+def ask_human(legal: list[str], read: Callable[[str], str] | None = None) -> str:
+    """A legal move label from the person (asks again on anything else); ``read`` defaults to ``input``."""
+    read = read or input
     while True:
         text = read(f"your move {legal}: ").strip().lower()
         if text in legal:
@@ -37,9 +40,15 @@ def ask_human(legal: list[str], read: Callable[[str], str] = input) -> str:
         print(f"  not a legal move here; type one of {legal}")
 
 
-def load_model_policy(checkpoint: str | None, model: str | None, seat: str) -> Callable[[list[dict]], str]:
-    """``policy(messages) -> reply text`` for the model's seat: the checkpoint's adapter for that seat's agent
-    (its run's base model, dtype and temperature), or ``model`` with no adapter.
+Policy = Callable[[list[dict], list[str]], str]
+
+
+def load_model_policy(
+    checkpoint: str | None, model: str | None, seat: str, legal_moves_only: bool | None = None
+) -> tuple[Policy, dict]:
+    """``(policy, env_kwargs)``: ``policy(messages, legal_moves) -> reply text`` for the model's seat (the
+    checkpoint's adapter for that seat's agent, its run's base model, temperature and ``legal_moves_only``, or
+    ``model`` with no adapter) and the run's env arguments.
 
     Raises:
         FileNotFoundError: the checkpoint has no ``config.yaml`` or no adapter for the seat's model group.
@@ -52,6 +61,8 @@ def load_model_policy(checkpoint: str | None, model: str | None, seat: str) -> C
 
     temperature = 0.7
     adapter = None
+    env_kwargs: dict = {}
+    only = bool(legal_moves_only)
     if checkpoint:
         ckpt = Path(checkpoint)
         cfg_path = ckpt / "config.yaml"
@@ -64,6 +75,8 @@ def load_model_policy(checkpoint: str | None, model: str | None, seat: str) -> C
             )
         model = model or cfg["model"]
         temperature = float((cfg.get("sampling") or {}).get("temperature", temperature))
+        env_kwargs = dict(cfg.get("env_kwargs") or {})
+        only = bool(cfg.get("legal_moves_only", False)) if legal_moves_only is None else legal_moves_only
         # each saved group names the agents it trained (groups/<group>/state.json): find the seat's
         for state_path in sorted((ckpt / "groups").glob("*/state.json")):
             if seat in json.loads(state_path.read_text(encoding="utf-8")).get("agents", []):
@@ -80,7 +93,26 @@ def load_model_policy(checkpoint: str | None, model: str | None, seat: str) -> C
         lm = PeftModel.from_pretrained(lm, str(adapter))
     lm.eval()
 
-    def policy(messages: list[dict]) -> str:
+    def choose(messages: list[dict], legal: list[str]) -> str:
+        from mas_train.backends.base import SamplingParams
+        from mas_train.backends.testing import teacher_forced_logprobs
+        from mas_train.move_choice import choose_moves
+        from mas_train.prompts import render_prompt
+
+        def score(prompts, comps):
+            with torch.no_grad():
+                return [
+                    teacher_forced_logprobs(lm, list(p), list(c), 1.0)
+                    for p, c in zip(prompts, comps, strict=True)
+                ]
+
+        sp = SamplingParams(temperature=temperature, seed=int(torch.randint(2**31, ())))
+        ((move, _),) = choose_moves(score, tok, [render_prompt(tok, messages)], [legal], [sp])
+        return f"<move>{move}</move>"
+
+    def policy(messages: list[dict], legal: list[str]) -> str:
+        if only:
+            return choose(messages, legal)
         enc = tok.apply_chat_template(
             messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
@@ -97,18 +129,20 @@ def load_model_policy(checkpoint: str | None, model: str | None, seat: str) -> C
         text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         return text.split("</move>")[0] + "</move>" if "</move>" in text else text  # the env's stop string
 
-    return policy
+    return policy, env_kwargs
 
 
 def play(
     hands: int,
     human_seat: str,
-    policy: Callable[[list[dict]], str],
+    policy: Policy,
     seed: int = 0,
-    read: Callable[[str], str] = input,
+    read: Callable[[str], str] | None = None,
+    env_kwargs: dict | None = None,
 ) -> float:
-    """Play ``hands`` hands; returns the person's total chips."""
-    env = mas_envs.make("kuhn-poker")
+    """Play ``hands`` hands (``env_kwargs``: the env's arguments, e.g. the run's ``move_hint``); returns the
+    person's total chips."""
+    env = mas_envs.make("kuhn-poker", **(env_kwargs or {}))
     total = 0.0
     for hand in range(hands):
         env.reset(seed=seed + hand)
@@ -126,7 +160,7 @@ def play(
                 print(f"  you: {move}")
                 env.step(f"<move>{move}</move>")
             else:
-                reply = policy(info["messages"])
+                reply = policy(info["messages"], list(info["legal_moves"]))
                 print(f"  model: {reply.strip()!r}")
                 env.step(reply)
         cards = dict(zip(env.possible_agents, env.unwrapped.task["cards"], strict=True))
@@ -149,14 +183,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seat", default="player_1", choices=["player_0", "player_1"], help="your seat")
     ap.add_argument("--hands", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0, help="seed of the first deal")
+    ap.add_argument(
+        "--legal-moves-only",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the model picks among the legal moves by its probability of each (default: as its run trained)",
+    )
     args = ap.parse_args(argv)
     model_seat = "player_0" if args.seat == "player_1" else "player_1"
     try:
-        policy = load_model_policy(args.checkpoint, args.model, model_seat)
+        policy, env_kwargs = load_model_policy(args.checkpoint, args.model, model_seat, args.legal_moves_only)
     except FileNotFoundError as e:
         print(f"play_kuhn: {e}", file=sys.stderr)
         return 2
-    play(args.hands, args.seat, policy, args.seed)
+    play(args.hands, args.seat, policy, args.seed, env_kwargs=env_kwargs)
     return 0
 
 

@@ -40,7 +40,9 @@ def test_play_kuhn_scores_the_hands_exactly(capsys):
     play_kuhn = _play_kuhn()
     typed = iter(["raise", "c", "f"])  # an unknown word is asked again; "c" is call when facing a bet
     # seeds 0 and 1 deal K-Q and Q-J; the model (player_0) always bets: calling with Q loses 2, folding J loses 1
-    total = play_kuhn.play(2, "player_1", lambda messages: "<move>bet</move>", 0, read=lambda _: next(typed))
+    total = play_kuhn.play(
+        2, "player_1", lambda messages, legal: "<move>bet</move>", 0, read=lambda _: next(typed)
+    )
     out = capsys.readouterr().out
     assert total == -3.0
     assert "your card is Q" in out and "your card is J" in out
@@ -77,3 +79,35 @@ def test_play_kuhn_against_a_checkpoint_adapter(tmp_path, tiny_qwen3_path, monke
     assert "names no model: give --model" in capsys.readouterr().err
     args = ["--checkpoint", str(ckpt), "--model", tiny_qwen3_path, "--hands", "1"]
     assert play_kuhn.main(args) == 0 and "; you won " in capsys.readouterr().out
+
+
+def test_play_kuhn_with_a_run_that_chose_among_legal_moves_plays_only_legal_moves(
+    tmp_path, tiny_qwen3_path, monkeypatch, capsys
+):
+    """A checkpoint whose run trained with legal_moves_only (and move_hint choices): the random tiny model's every
+    move is one of the legal move tags, so no hand ends in an illegal move."""
+    import re
+
+    import yaml
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    play_kuhn = _play_kuhn()
+    ckpt = tmp_path / "step-000001"
+    group = ckpt / "groups" / "player_0"
+    group.mkdir(parents=True)
+    cfg = {"model": tiny_qwen3_path, "sampling": {"temperature": 1.0}, "legal_moves_only": True,
+           "env_kwargs": {"move_hint": "choices"}}  # fmt: skip
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (group / "state.json").write_text('{"group": "player_0", "agents": ["player_0"]}')
+    lm = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path)
+    get_peft_model(lm, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(group / "adapter")
+    monkeypatch.setattr("builtins.input", lambda _: "c")
+    assert play_kuhn.main(["--checkpoint", str(ckpt), "--seat", "player_1", "--hands", "3"]) == 0
+    out = capsys.readouterr().out
+    moves = re.findall(r"model: '(.*)'", out)
+    assert len(moves) >= 3 and all(
+        m in ("<move>check</move>", "<move>bet</move>", "<move>call</move>", "<move>fold</move>")
+        for m in moves
+    )
+    assert out.count("; you won ") == 3

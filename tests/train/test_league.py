@@ -536,7 +536,14 @@ def test_the_documented_flags_a_scripted_mix_adds_to_the_default_and_eval_oppone
     it, weight 0 never draws); docs/training.md: ``--eval_opponents random minimax`` (a YAML list is not read)."""
     from mas_train.config.args import parse_args
 
-    base = ["--env", "tictactoe", "--train_data", "games.jsonl", "--league.enabled", "true"]  # no laptop layer
+    base = [
+        "--env",
+        "tictactoe",
+        "--train_data",
+        "games.jsonl",
+        "--league.enabled",
+        "true",
+    ]  # no laptop layer
     assert parse_args([*base, "--league.scripted", "{minimax: 1}"]).league.scripted == {
         "random": 0.2,
         "minimax": 1,
