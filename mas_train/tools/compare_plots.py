@@ -94,6 +94,8 @@ def report_plots(
     ks = sorted({int(g.group(2)) for r in all_runs for k in r.series if (g := EVAL_KEY.match(k))})
     if ks:
         panels.append((f"held-out evaluation avg@{ks[-1]}", f"eval/avg@{ks[-1]}", f"avg@{ks[-1]}"))
+    if any(r.get("eval/exploitability")[1] for r in all_runs):  # a game's exact measure (Kuhn poker)
+        panels.append(("exact exploitability (lower is better)", "eval/exploitability", "chips per hand"))
     figs = [
         _band_figure(
             by_mode,

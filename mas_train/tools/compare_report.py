@@ -69,6 +69,8 @@ class RunSummary:
         lld: per agent ``{"first", "last", "change"}`` of ``lld/success_logp/<agent>`` (mean per-token
             log-probability, nats, of the agent's turns in successful trajectories): the means of its first and
             last :data:`LLD_WINDOW` logged steps and last − first (negative = falling, the LLD signature).
+        exploitability: a game's exact ``eval/exploitability`` (Kuhn poker, chips per hand) ``{"first", "last",
+            "change"}`` over the run's evaluations; empty for runs that do not log it.
     """
 
     run_dir: str
@@ -86,6 +88,7 @@ class RunSummary:
     noise_share: dict[str, float] = field(default_factory=dict)
     adv_mean: dict[str, float] = field(default_factory=dict)
     lld: dict[str, dict[str, float]] = field(default_factory=dict)
+    exploitability: dict[str, float] = field(default_factory=dict)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -160,6 +163,8 @@ def summarize_run(run_dir: str | Path, metrics: RunMetrics | None = None) -> Run
         for key in m.keys(prefix):
             if values := m.get(key)[1]:
                 getattr(s, attr)[key[len(prefix) :]] = float(np.mean(values))
+    if ex := m.get("eval/exploitability")[1]:
+        s.exploitability = {"first": float(ex[0]), "last": float(ex[-1]), "change": float(ex[-1] - ex[0])}
     for key in m.keys("lld/success_logp/"):
         if values := m.get(key)[1]:
             first, last = float(np.mean(values[:LLD_WINDOW])), float(np.mean(values[-LLD_WINDOW:]))
@@ -243,6 +248,11 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
                 }
                 for a in agents_of("lld")
             },
+            "exploitability": {
+                st: _agg([r.exploitability.get(st) for r in rs]) for st in ("first", "last", "change")
+            }
+            if any(r.exploitability for r in rs)
+            else {},
             "factor_norm_spearman": {
                 "rho": spearman(*zip(*pts, strict=True))
                 if (pts := [p for r in rs for p in r.factor_norm])
@@ -334,6 +344,18 @@ def _markdown(modes: dict[str, Any], ranking: str, files: Sequence[Path], out: P
             ]
             cells.append(_fmt(m["adv_mean"][a]) if a in m["adv_mean"] else "–")
             lines.append(f"| {mode} | {a} | " + " | ".join(cells) + " |")
+    if any(m["exploitability"] for m in modes.values()):
+        lines += [
+            "",
+            "Exact exploitability (`eval/exploitability`, chips per hand, 0 at an equilibrium; lower is better), "
+            "first and last evaluation:",
+            "",
+            "| mode | first | last | change |",
+            "|---|---|---|---|",
+        ]
+        for mode, m in modes.items():
+            if ex := m["exploitability"]:
+                lines.append(f"| {mode} | {_fmt(ex['first'])} | {_fmt(ex['last'])} | {_fmt(ex['change'])} |")
     if any(m["lld"] for m in modes.values()):
         lines += [
             "",

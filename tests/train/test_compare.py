@@ -330,3 +330,31 @@ def test_report_marks_evaluation_points_but_not_per_step_curves(tmp_path, monkey
     steps_drawn = [d for d in drawn if d[1] == 12]
     assert len(evals_drawn) == 2 and all(marker == "o" for _, _, marker in evals_drawn)
     assert steps_drawn and all(marker is None for _, _, marker in steps_drawn)
+
+
+def test_a_games_exact_exploitability_is_summarised_first_to_last_and_plotted(tmp_path):
+    """Runs that log eval/exploitability (Kuhn poker): summary.json and summary.md give its first, last and change
+    per mode (mean over seeds), and the reward figure gets a panel for it; runs without it get no such table."""
+    from mas_train.tools.compare_report import build_report
+
+    dirs = []
+    for mode, seed, (first, last) in (
+        ("drmas", 0, (0.8, 0.5)),
+        ("drmas", 1, (0.7, 0.3)),
+        ("grpo", 0, (0.8, 0.6)),
+    ):
+        d = write_fake_run(tmp_path / f"{mode}__seed{seed}", mode=mode, seed=seed)
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in rows if "eval/avg@4" in r]
+        evals[0]["eval/exploitability"], evals[-1]["eval/exploitability"] = first, last
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        dirs.append(d)
+    out = build_report(dirs, tmp_path / "cmp")
+    ex = out["modes"]["drmas"]["exploitability"]
+    assert ex["first"]["mean"] == pytest.approx(0.75) and ex["last"]["mean"] == pytest.approx(0.4)
+    assert ex["change"]["values"] == pytest.approx([-0.3, -0.4])
+    md = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "| grpo | 0.800 | 0.600 | -0.200 |" in md and "Exact exploitability" in md
+    plain = build_report([write_fake_run(tmp_path / "plain", mode="drmas")], tmp_path / "cmp2")
+    assert plain["modes"]["drmas"]["exploitability"] == {}
+    assert "Exact exploitability" not in (tmp_path / "cmp2" / "summary.md").read_text()
