@@ -216,7 +216,8 @@ def versus(
     Raises:
         ValueError: the env is not a game, or a spec that is not one of its scripted opponents.
     """
-    from mas_train.league import ScriptedOpponent, game_of
+    from mas_train.league import game_of
+    from mas_train.opponents import ScriptedOpponent
     from mas_train.prompts import request_seed
 
     env = collector.text_env()

@@ -22,7 +22,7 @@ from mas_train.samples import Sample, Trajectory
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
 
-    from mas_train.league import Opponent
+    from mas_train.opponents import Opponent
 
 __all__ = ["LiveEpisode", "Turn"]
 

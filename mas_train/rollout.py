@@ -47,9 +47,9 @@ from mas_train.backends.base import (
     MixedBatchGenerator,
     SamplingParams,
 )
-from mas_train.league import Opponent, OpponentTurn
 from mas_train.live_episode import LiveEpisode, Turn
 from mas_train.move_choice import choose_moves
+from mas_train.opponents import Opponent, OpponentTurn
 from mas_train.prompts import render_prompt, request_seed
 from mas_train.samples import RolloutBatch, Sample
 

@@ -295,7 +295,7 @@ def test_eval_opponents_are_refused_on_a_team_env_and_checked_against_the_game(t
 
 def test_a_snapshot_plays_a_frozen_groups_seat_with_that_groups_own_weights(tok):
     """A group that does not train has no snapshot adapter: its seat is played by the group itself."""
-    from mas_train.league import OpponentTurn, SnapshotOpponent
+    from mas_train.opponents import OpponentTurn, SnapshotOpponent
 
     class Pool:
         def __init__(self, worker):
