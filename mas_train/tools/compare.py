@@ -200,7 +200,6 @@ def run_comparison(
         ValueError: an unknown ``pool``, or ``train_fn`` with ``pool="ray"``.
         RuntimeError: ``pool="ray"`` runs that failed (named; the others are finished first).
     """
-    from mas_train.checkpoint import list_checkpoints
     from mas_train.config import ConfigError, parse_args
 
     if pool not in ("local", "ray"):
@@ -248,25 +247,39 @@ def run_comparison(
         if is_finished(run_dir, cfg.max_steps, bool(cfg.eval_steps)):
             log(f"mas-compare: {run_dir.name} is finished; not re-run")
             continue
-        if list_checkpoints(run_dir):
-            argv = [*argv, "--resume", str(run_dir)]
-            log(f"mas-compare: {run_dir.name} resumes from its newest checkpoint")
-        elif run_dir.exists():
-            stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
-            run_dir.rename(stale)
-            log(f"mas-compare: {run_dir.name} has no checkpoint; its old folder moved to {stale.name}")
-        todo.append((run_dir, argv))
+        todo.append((run_dir, cfg, argv))
     if pool == "ray":
-        trained = _train_on_ray(todo, run_cpus, run_gpus, log)
+        trained = _train_on_ray(
+            [(d, _resume_or_fresh(d, a, log)) for d, _, a in todo], run_cpus, run_gpus, log
+        )
     else:
         trained = []
-        for run_dir, argv in todo:
+        for run_dir, cfg, argv in todo:
+            # another mas-compare on this folder may have finished it while this one trained the runs before
+            if is_finished(run_dir, cfg.max_steps, bool(cfg.eval_steps)):
+                log(f"mas-compare: {run_dir.name} was finished meanwhile (another process); not re-run")
+                continue
+            argv = _resume_or_fresh(run_dir, argv, log)
             log(f"mas-compare: training {run_dir.name}")
             summary = train_fn(parse_args(argv))
             if Path(str(summary["run_dir"])).resolve() != run_dir.resolve():
                 raise RuntimeError(f"train_fn wrote into {summary['run_dir']}, expected {run_dir}")
             trained.append(run_dir)
     return [p[0] for p in plan], trained
+
+
+def _resume_or_fresh(run_dir: Path, argv: list[str], log: Callable[[str], None]) -> list[str]:
+    """``argv`` with ``--resume`` when ``run_dir`` has a checkpoint; a folder without one is moved aside."""
+    from mas_train.checkpoint import list_checkpoints
+
+    if list_checkpoints(run_dir):
+        log(f"mas-compare: {run_dir.name} resumes from its newest checkpoint")
+        return [*argv, "--resume", str(run_dir)]
+    if run_dir.exists():
+        stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(stale)
+        log(f"mas-compare: {run_dir.name} has no checkpoint; its old folder moved to {stale.name}")
+    return argv
 
 
 def _train_on_ray(

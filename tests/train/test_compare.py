@@ -358,3 +358,29 @@ def test_a_games_exact_exploitability_is_summarised_first_to_last_and_plotted(tm
     plain = build_report([write_fake_run(tmp_path / "plain", mode="drmas")], tmp_path / "cmp2")
     assert plain["modes"]["drmas"]["exploitability"] == {}
     assert "Exact exploitability" not in (tmp_path / "cmp2" / "summary.md").read_text()
+
+
+def test_a_run_another_process_finished_meanwhile_is_not_trained_again(tmp_path):
+    """Two mas-compare processes on one folder: the runs are planned at the start, so a run the other process
+    finished while this one trained an earlier run must be checked again right before its turn (a search run
+    finished by one process was being trained from scratch by the other, about to overwrite its metrics)."""
+    calls = []
+
+    def fake_train(cfg):
+        calls.append((cfg.advantage_mode, cfg.seed))
+        for mode in ("drmas", "grpo"):  # the first call also finishes grpo, as the other process would
+            if mode == cfg.advantage_mode or len(calls) == 1:
+                run_dir = tmp_path / "cmp" / "runs" / f"{mode}__seed0"
+                write_fake_run(run_dir, mode=mode, seed=0, steps=2, evals=((0, 0, 0), (2, 1, 1)))
+                if mode == cfg.advantage_mode:
+                    cfg.to_yaml(run_dir / "config.yaml")
+                (run_dir / "complete.json").write_text('{"step": 2}\n')
+        return {"run_dir": str(tmp_path / "cmp" / "runs" / cfg.run_name)}
+
+    logs = []
+    flags = ["--env", "math-2agent", "--max_steps", "2", "--eval_steps", "2"]
+    _, trained = run_comparison(
+        flags, ["drmas", "grpo"], [0], tmp_path / "cmp", train_fn=fake_train, log=logs.append
+    )
+    assert calls == [("drmas", 0)] and [d.name for d in trained] == ["drmas__seed0"]
+    assert any("grpo__seed0 was finished meanwhile" in line for line in logs)
