@@ -234,7 +234,9 @@ def versus(
                 def against(
                     t_idx: int, spec: str = spec, me: str = me, start: int = start
                 ) -> dict[str, ScriptedOpponent]:
-                    foe = ScriptedOpponent(spec, game, request_seed(0, "versus", spec, me, start + t_idx))
+                    foe = ScriptedOpponent(
+                        spec, game, request_seed(collector.seed, "versus", spec, me, start + t_idx)
+                    )
                     return {s: foe for s in seats if s != me}
 
                 batch = collector.collect(

@@ -81,7 +81,7 @@ def make_league(resolved: ResolvedConfig, probe: AECEnv[str, str, str], pool: Wo
     )
 
 
-def check_league(resolved: ResolvedConfig, seats: Sequence[str], game: str | None) -> None:
+def check_league(resolved: ResolvedConfig, game: str | None) -> None:
     """Refuse a league or evaluation opponents the run cannot honour, before any model loads (one line saying
     what to do).
 
@@ -139,8 +139,6 @@ def check_league(resolved: ResolvedConfig, seats: Sequence[str], game: str | Non
                 f"league snapshots are LoRA adapters sampled by the HF backend, but model group {name!r} is not "
                 "(lora, backend hf, one rank); use a LoRA model_sharing with backend hf"
             )
-    if not any(a in seats for a in resolved.agents):
-        raise ValueError(f"league: no agent of the run is a seat of the game {list(seats)}")
 
 
 class League:
@@ -233,12 +231,10 @@ class League:
         ``requires_grad`` and the active adapter as they were."""
         model = self._model(group)
         name = self.adapter(step, group)
-        active = list(model.active_adapters)
-        grads = {n: p.requires_grad for n, p in model.named_parameters()}
-        lora.add(model, self.lora_cfgs[group], name)
-        model.base_model.set_adapter(active if len(active) > 1 else active[0])
-        for n, p in model.named_parameters():
-            p.requires_grad_(grads.get(n, False))
+        with lora.preserving_state(
+            model
+        ):  # new parameters stay frozen (not in the state: requires_grad False)
+            lora.add(model, self.lora_cfgs[group], name)
         return name
 
     def after_step(self, step: int) -> bool:

@@ -15,9 +15,11 @@ Checkpoint format (:func:`save`): PEFT's own, ``adapter_config.json`` + ``adapte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,6 +109,21 @@ def activate(peft_model: peft.PeftModel, name: str, *, trainable: bool = True) -
     """Make adapter ``name`` the one the forward pass uses (PEFT's ``set_adapter``). Its parameters get
     ``requires_grad = trainable``; every other adapter's get False; the base stays frozen."""
     peft_model.set_adapter(name, inference_mode=not trainable)
+
+
+@contextlib.contextmanager
+def preserving_state(peft_model: peft.PeftModel) -> Iterator[None]:
+    """Put back, on exit, the active adapters and every parameter's ``requires_grad`` of ``peft_model``: PEFT's
+    ``add_adapter`` and ``set_adapter`` change both, and a frozen league snapshot (:mod:`mas_train.league`) is added
+    to, or scored with, the model a group is training."""
+    active = list(peft_model.active_adapters)
+    grads = {n: p.requires_grad for n, p in peft_model.named_parameters()}
+    try:
+        yield
+    finally:
+        peft_model.base_model.set_adapter(active if len(active) > 1 else active[0])
+        for n, p in peft_model.named_parameters():
+            p.requires_grad_(grads.get(n, False))
 
 
 def restore_dropout(peft_model: peft.PeftModel, name: str, p: float) -> None:

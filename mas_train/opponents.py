@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mas_envs.games.moves import format_move
+from mas_train import lora
 from mas_train.move_choice import choose_moves
 
 if TYPE_CHECKING:
@@ -94,9 +95,11 @@ class SnapshotOpponent:
         for g, idx in by_group.items():
             worker: Any = self.pool.worker(g)
             sampling = [turns[i].sampling for i in idx]
-            if self.legal_moves_only and g in self.adapters:
+            if self.legal_moves_only:
+                # a frozen group (no snapshot adapter) scores with its own fixed weights, as in the learner's seat
+                scorer = _scorer(worker.backend, self.adapters[g]) if g in self.adapters else worker.score
                 picks = choose_moves(
-                    _scorer(worker.backend, self.adapters[g]),
+                    scorer,
                     worker.tokenizer,
                     [render_prompt(worker.tokenizer, turns[i].messages) for i in idx],
                     [turns[i].env.infos[turns[i].agent]["legal_moves"] for i in idx],
@@ -128,18 +131,11 @@ class SnapshotOpponent:
 def _scorer(
     backend: Any, adapter: str
 ) -> Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], list[list[float]]]:
-    """``backend.score`` with ``adapter`` active, the active adapters and every ``requires_grad`` put back after."""
+    """``backend.score`` with ``adapter`` active, the model's adapter state put back after."""
 
     def score(prompts: Sequence[Sequence[int]], comps: Sequence[Sequence[int]]) -> list[list[float]]:
-        model = backend.model
-        active = list(model.active_adapters)
-        grads = {n: p.requires_grad for n, p in model.named_parameters()}
-        model.base_model.set_adapter(adapter)
-        try:
+        with lora.preserving_state(backend.model):
+            backend.model.base_model.set_adapter(adapter)
             return list(backend.score(prompts, comps))
-        finally:
-            model.base_model.set_adapter(active if len(active) > 1 else active[0])
-            for n, p in model.named_parameters():
-                p.requires_grad_(grads[n])
 
     return score

@@ -292,7 +292,7 @@ def prepare(cfg: TrainConfig, *, env_factory: EnvFactory | None = None) -> RunPl
     check_models(resolved)
     check_reward_weights(resolved, probe)
     try:
-        check_league(resolved, list(probe.possible_agents), game_of(probe))
+        check_league(resolved, game_of(probe))
     except ValueError as err:
         raise ConfigError(str(err)) from None
     train = load_task_rows(

@@ -31,6 +31,19 @@ def _league(cfg, seats=TTT, game="tictactoe-v0", seed=0):
     return League(cfg, seats, game, seed, pool=None, agent_groups={}, trainable=[], lora_cfgs={})
 
 
+def _collector(env, gen, tok, **kw):
+    """A collector of ``env`` whose seats all sample from the fake ``gen`` (8 new tokens, temperature 1)."""
+    seats = mas_envs.make(env).possible_agents
+    return RolloutCollector(
+        lambda: mas_envs.make(env),
+        generators={"g": gen},
+        tokenizers={"g": tok},
+        agent_groups={a: "g" for a in seats},
+        sampling={a: SamplingParams(max_new_tokens=8, temperature=1.0) for a in seats},
+        **kw,
+    )
+
+
 def test_weights_are_the_configured_mix_and_snapshots_count_only_once_one_exists():
     league = _league(LeagueConfig(enabled=True, self_play=0.5, snapshots=0.3, scripted={"random": 0.2}))
     assert league.weights() == pytest.approx({"self": 0.5 / 0.7, "random": 0.2 / 0.7})
@@ -76,13 +89,7 @@ def test_scripted_minimax_plays_its_seat_without_samples_and_the_naive_learner_n
     then O has a forced win); as O it never wins. Opponent turns are in the transcript as played by minimax and
     never in the samples."""
     gen = ScriptGenerator(tok, _first_legal)
-    col = RolloutCollector(
-        lambda: mas_envs.make("tictactoe"),
-        generators={"g": gen},
-        tokenizers={"g": tok},
-        agent_groups={a: "g" for a in TTT},
-        sampling={a: SamplingParams(max_new_tokens=8) for a in TTT},
-    )
+    col = _collector("tictactoe", gen, tok)
     league = _league(LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"minimax": 1.0}))
     tasks = [{"id": f"g{i}", "question": "play", "data_source": "tictactoe"} for i in range(6)]
     batch = col.collect(tasks, 2, step=1, opponents=league.draw(1, 0))
@@ -263,13 +270,7 @@ def test_versus_minimax_the_naive_learner_never_wins_and_loses_every_game_as_x(t
     from mas_train.eval import evaluate, versus
 
     gen = ScriptGenerator(tok, _first_legal)
-    col = RolloutCollector(
-        lambda: mas_envs.make("tictactoe"),
-        generators={"g": gen},
-        tokenizers={"g": tok},
-        agent_groups={a: "g" for a in TTT},
-        sampling={a: SamplingParams(max_new_tokens=8) for a in TTT},
-    )
+    col = _collector("tictactoe", gen, tok)
     tasks = [{"id": "start", "question": "play", "data_source": "tictactoe"}]
     got = versus(col, tasks, ["minimax"], k=3)
     assert set(got) == {f"eval/vs/minimax/{k}" for k in ("win", "draw", "loss", "return")}
@@ -312,6 +313,18 @@ def test_a_snapshot_plays_a_frozen_groups_seat_with_that_groups_own_weights(tok)
     opp = SnapshotOpponent({}, Pool(frozen), {"player_1": "frozen"})
     turn = OpponentTurn(env, "player_1", env.infos["player_1"]["messages"], SamplingParams(max_new_tokens=8))
     assert opp.play([turn]) == ["<move>call</move>"] and frozen.calls == [1]
+    # with legal_moves_only the frozen seat chooses among its legal moves too, scored by the group itself (free
+    # text "Kuhn poker is" would be illegal): 'fold' scores log 0.99, 'call' log 0.01, so T = 0 folds
+    import math
+
+    prose = ScriptGenerator(tok, lambda text, sp: "Kuhn poker is")
+    prose.tokenizer, prose.wants_messages = tok, False
+    prose.score = lambda prompts, comps: [
+        [math.log(0.99 if "fold" in tok.decode(c) else 0.01)] + [0.0] * (len(c) - 1) for c in comps
+    ]
+    greedy = OpponentTurn(env, "player_1", env.infos["player_1"]["messages"], SamplingParams(temperature=0.0))
+    only = SnapshotOpponent({}, Pool(prose), {"player_1": "frozen"}, legal_moves_only=True)
+    assert only.play([greedy]) == ["<move>fold</move>"] and prose.calls == []
 
 
 def test_the_plain_kuhn_run_is_self_play_with_a_league_on_all_six_deals():
@@ -388,14 +401,7 @@ def test_legal_moves_only_never_plays_an_illegal_move_even_from_a_model_that_wri
     gen = ProseScorer(tok, lambda text, sp: "Kuhn poker is a game of")  # free text: never a move
     tasks = [{"id": "KQ", "question": "deal", "cards": ["K", "Q"], "data_source": "kuhn"}]
     for only in (True, False):
-        col = RolloutCollector(
-            lambda: mas_envs.make("kuhn-poker"),
-            generators={"g": gen},
-            tokenizers={"g": tok},
-            agent_groups={"player_0": "g", "player_1": "g"},
-            sampling={a: SamplingParams(max_new_tokens=8, temperature=1.0) for a in ("player_0", "player_1")},
-            legal_moves_only=only,
-        )
+        col = _collector("kuhn-poker", gen, tok, legal_moves_only=only)
         batch = col.collect(tasks, 4, step=0)
         if only:
             assert batch.samples and not any(s.invalid for s in batch.samples)
@@ -480,13 +486,7 @@ def test_an_opponent_turn_in_the_episode_record_scores_its_own_seats_return(tok)
     from mas_train.episodes import episode_records
 
     gen = ScriptGenerator(tok, _first_legal)
-    col = RolloutCollector(
-        lambda: mas_envs.make("tictactoe"),
-        generators={"g": gen},
-        tokenizers={"g": tok},
-        agent_groups={a: "g" for a in TTT},
-        sampling={a: SamplingParams(max_new_tokens=8) for a in TTT},
-    )
+    col = _collector("tictactoe", gen, tok)
     league = _league(LeagueConfig(enabled=True, self_play=0, snapshots=0, scripted={"minimax": 1.0}))
     tasks = [{"id": f"g{i}", "question": "play", "data_source": "tictactoe"} for i in range(6)]
     batch = col.collect(tasks, 1, step=1, opponents=league.draw(1, 0))
