@@ -93,21 +93,19 @@ def load_model_policy(
         lm = PeftModel.from_pretrained(lm, str(adapter))
     lm.eval()
 
+    from mas_train.backends.base import SamplingParams
+    from mas_train.backends.hf import HFBackend
+    from mas_train.move_choice import choose_moves
+    from mas_train.prompts import render_prompt
+
+    # as in training: the legal move texts scored by the model (the HF backend's teacher-forced score; no packed
+    # weight copy, which only pays off when decoding)
+    scorer = HFBackend(lm, tok, share_model=True, packed_linears=False) if only else None
+
     def choose(messages: list[dict], legal: list[str]) -> str:
-        from mas_train.backends.base import SamplingParams
-        from mas_train.backends.testing import teacher_forced_logprobs
-        from mas_train.move_choice import choose_moves
-        from mas_train.prompts import render_prompt
-
-        def score(prompts, comps):
-            with torch.no_grad():
-                return [
-                    teacher_forced_logprobs(lm, list(p), list(c), 1.0)
-                    for p, c in zip(prompts, comps, strict=True)
-                ]
-
+        assert scorer is not None
         sp = SamplingParams(temperature=temperature, seed=int(torch.randint(2**31, ())))
-        ((move, _),) = choose_moves(score, tok, [render_prompt(tok, messages)], [legal], [sp])
+        ((move, _),) = choose_moves(scorer.score, tok, [render_prompt(tok, messages)], [legal], [sp])
         return f"<move>{move}</move>"
 
     def policy(messages: list[dict], legal: list[str]) -> str:
