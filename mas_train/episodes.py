@@ -232,6 +232,9 @@ def episode_records(
                 "question": task.get("question", ""),
                 "gold": _gold(task),
                 "team_reward": _finite(traj.team_reward),
+                # a game's per-seat returns (its team reward says nothing there: zero-sum) and league opponents
+                "returns": {a: _finite(r) for a, r in traj.agent_rewards.items()},
+                "opponents": dict(traj.opponents),
                 "success": traj.success,
                 "num_turns": traj.num_turns,
                 "metrics": {k: _finite(v) for k, v in traj.metrics.items()},
@@ -294,14 +297,22 @@ def _block(text: str) -> str:
     return "\n".join("    " + line for line in (text or "(empty)").splitlines() or [""])
 
 
+def _outcome(r: Mapping[str, Any]) -> str:
+    """``R = 1`` for a team task; a game's returns per seat and who played the league's seats,
+    ``player_0 +1, player_1 -1 (player_1: random)``."""
+    if not r.get("returns"):
+        return f"R = {r['team_reward']:g}"
+    by = ", ".join(f"{a}: {o}" for a, o in r.get("opponents", {}).items())
+    return ", ".join(f"{a} {v:+g}" for a, v in r["returns"].items()) + (f" ({by})" if by else "")
+
+
 def episodes_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     """The records as one markdown text (TensorBoard's text plugin): per episode, the task, then each turn."""
     parts = []
     for r in records:
         ok = "success" if r["success"] else "failure"
         parts.append(
-            f"### {r['kind']} step {r['step']}: task {r['task_id']} ({r['data_source']}), {ok}, "
-            f"R = {r['team_reward']:g}\n\n**question**\n\n{_block(str(r['question']))}\n\n**gold** `{r['gold']}`"
+            f"### {r['kind']} step {r['step']}: task {r['task_id']} ({r['data_source']}), {ok}, {_outcome(r)}\n\n**question**\n\n{_block(str(r['question']))}\n\n**gold** `{r['gold']}`"
         )
         for t in r["transcript"]:
             if t["speaker"] == "env":

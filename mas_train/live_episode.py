@@ -104,8 +104,10 @@ class LiveEpisode:
             self.transcript = list(text_env(env).transcript)
             self.role_rewards = {int(k): float(v) for k, v in end_info.get("role_rewards", {}).items()}
             # A game's seats each get their own return (``per_agent_rewards``; the team reward is their mean,
-            # 0 in a zero-sum game): every turn is scored with its own agent's outcome reward.
-            self.agent_rewards = {str(k): float(v) for k, v in end_info.get("agent_rewards", {}).items()}
+            # 0 in a zero-sum game): every turn is scored with its own agent's outcome reward. A team env's infos
+            # give R for every agent; kept empty here (Trajectory.agent_rewards), so that "has returns" means a game.
+            if getattr(text_env(env), "per_agent_rewards", False):
+                self.agent_rewards = {str(k): float(v) for k, v in end_info.get("agent_rewards", {}).items()}
             while env.agents:
                 env.step(None)  # PettingZoo dead steps
             self.live = False

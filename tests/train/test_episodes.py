@@ -97,6 +97,8 @@ def test_records_hold_every_turn_of_a_scripted_episode_exactly(tok):
         assert r["task_group"] == {"size": 2, "successes": 1, "mean_reward": 0.5}
     assert (r0["team_reward"], r0["success"], r0["num_turns"]) == (1.0, True, 2)
     assert (r1["team_reward"], r1["success"], r1["num_turns"]) == (0.0, False, 4)
+    # a team env's agents share R: no per-seat returns (those are a game's), no league opponents
+    assert [(r["returns"], r["opponents"]) for r in recs] == [({}, {}), ({}, {})]
     assert [(t["speaker"], t["turn"], t["text"], t["invalid"]) for t in r1["transcript"]] == [
         ("solver", 0, "I think 41", True),
         ("verifier", 1, "<verify>reject</verify>", False),

@@ -483,7 +483,7 @@ def test_against_an_opponent_the_learner_holds_a_seat_whose_group_trains():
 def test_an_opponent_turn_in_the_episode_record_scores_its_own_seats_return(tok):
     """A game's seats have their own returns (the team reward is their mean, 0 here): a turn minimax played is
     recorded with minimax's return (+1 when the naive learner loses as X), as a learner turn is with its own."""
-    from mas_train.episodes import episode_records
+    from mas_train.episodes import episode_records, episodes_markdown
 
     gen = ScriptGenerator(tok, _first_legal)
     col = _collector("tictactoe", gen, tok)
@@ -502,6 +502,11 @@ def test_an_opponent_turn_in_the_episode_record_scores_its_own_seats_return(tok)
     rows = [r for rec in as_x for r in rec["transcript"] if r["speaker"] != "env"]
     assert {r["score"] for r in rows if r["played_by"] == "minimax"} == {1.0}
     assert {r["score"] for r in rows if r["played_by"] is None} == {-1.0}
+    # the record carries each seat's return and who played which seat; the markdown header says them
+    assert [(r["returns"], r["opponents"]) for r in as_x] == [
+        ({"player_1": -1.0, "player_2": 1.0}, {"player_2": "minimax"})
+    ] * len(as_x)
+    assert "tictactoe), success, player_1 -1, player_2 +1 (player_2: minimax)" in episodes_markdown(as_x[:1])
 
 
 def test_a_snapshot_copies_the_adapter_of_a_group_named_like_a_module_path_part(tiny_qwen3_path):

@@ -112,13 +112,25 @@
         el("div", "label", "gold answer"), el("pre", "text gold", typeof ep.gold === "string" ? ep.gold : JSON.stringify(ep.gold))));
     }
     for (const t of ep.transcript) body.append(turnView(ep, t, opts));
-    const foot = el("div", "foot", "team reward ", el("b", null, num(ep.team_reward)), " · ", badge(ep.success));
+    const foot = el("div", "foot", ...(hasReturns(ep) ? ["returns ", el("b", null, outcome(ep))] : ["team reward ", el("b", null, num(ep.team_reward))]),
+      " · ", badge(ep.success));
     const g = ep.task_group;
     if (g && !opts.compact) foot.append(" · " + g.successes + " of the task's " + g.size + " episodes succeeded (mean reward " + num(g.mean_reward) + ")");
     const mk = Object.keys(ep.metrics || {});
     if (mk.length) foot.append(el("div", "metrics", mk.map((k) => k + " " + num(ep.metrics[k])).join(" · ")));
     body.append(foot);
     return body;
+  }
+
+  // A game's return per seat (its team reward is 0 in a zero-sum game) and who played the league's seats;
+  // a team task's R.
+  function hasReturns(ep) {
+    return ep.returns && Object.keys(ep.returns).length > 0;
+  }
+  function outcome(ep) {
+    if (!hasReturns(ep)) return "R = " + num(ep.team_reward);
+    const by = Object.entries(ep.opponents || {}).map(([a, o]) => a + ": " + o).join(", ");
+    return Object.entries(ep.returns).map(([a, r]) => a + " " + (r > 0 ? "+" : r < 0 ? "−" : "") + num(Math.abs(r))).join(", ") + (by ? " (" + by + ")" : "");
   }
 
   function episodeCard(item, opts) {
@@ -130,7 +142,7 @@
     const sum = el("summary", null, badge(ep.success), " ",
       el("span", "where", (multi ? data.runs[item.run].name + " · " : "") + stepLabel(ep)),
       " · task " + ep.task_id + " · " + ep.data_source + " · episode " + (ep.sample + 1) + " of " + (ep.task_group ? ep.task_group.size : "?") +
-      " · R = " + num(ep.team_reward),
+      " · " + outcome(ep),
       el("span", "q", ep.question.length > 110 ? ep.question.slice(0, 110) + "…" : ep.question));
     card.append(sum);
     card.addEventListener("toggle", function once() {
