@@ -9,6 +9,10 @@ grouped into *task groups* (the G trajectories sampled for one task), trajectori
 Notation for one task group (Dr. MAS, arXiv 2602.08847):
 
 * trajectory score :math:`r_i` = mean of the step scores of trajectory i (equal to R when nothing is penalised);
+  in a game, where each seat has its own return, the trainer passes each seat's turns of a trajectory as a
+  trajectory of their own, so that :math:`r_i` is one seat's return and GRPO's μ, σ pool the seats' returns
+  (averaging both seats' turns would give about 0 in a zero-sum game, and a seat acting once would get the sign
+  of the other seat's return where that one acts twice);
 * global statistics (eq. 2): :math:`\mu, \sigma` = mean and **population** std of :math:`r_1..r_G`;
 * per-agent statistics (eq. 5, Algorithm 1 lines 37-41): :math:`\mu_k, \sigma_k` = mean and **population** std
   of the step scores of agent k in the group -- a trajectory counts once per turn of k;

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mas_train.config import RewardWeights
-    from mas_train.samples import Sample
+    from mas_train.samples import Sample, Trajectory
 
-__all__ = ["turn_scores"]
+__all__ = ["advantage_columns", "turn_scores"]
 
 
 def turn_scores(
@@ -40,3 +40,27 @@ def turn_scores(
         w = weights.get(s.agent)
         out.append(s.score(penalty) if w is None else s.score(penalty, w.team, w.role))
     return out
+
+
+def advantage_columns(
+    samples: Sequence[Sample],
+    trajectories: Sequence[Trajectory],
+    penalty: float,
+    weights: Mapping[str, RewardWeights],
+) -> tuple[list[float], list[str], list[str], list[str]]:
+    """The ``(scores, group_ids, traj_ids, agent_ids)`` columns :func:`mas_train.advantages.compute_advantages`
+    reads, one entry per sample.
+
+    In a game (a trajectory with ``agent_rewards``: each seat has its own return) each seat's turns of a
+    trajectory get a trajectory id of their own, ``"<traj_uid>|<agent>"``: GRPO's trajectory score r_i (eq. 2)
+    is then one seat's return and its μ, σ pool the seats' returns. Averaged over both seats' turns, r_i would be
+    about 0 in a zero-sum game (no signal), and a seat that acts once would take the sign of the other seat's
+    return in hands where that seat acts twice. A team env's trajectories stay whole (eq. 2 as written).
+    """
+    games = {t.traj_uid for t in trajectories if t.agent_rewards}
+    return (
+        turn_scores(samples, penalty, weights),
+        [s.task_uid for s in samples],
+        [f"{s.traj_uid}|{s.agent}" if s.traj_uid in games else s.traj_uid for s in samples],
+        [s.agent for s in samples],
+    )

@@ -45,7 +45,7 @@ from mas_train.league import make_league
 from mas_train.lemma_stats import lemma_metrics, lld_metrics
 from mas_train.metrics import diversity_metrics, rollout_metrics, update_metrics
 from mas_train.progress import bar_text, eval_progress, off_the_clock
-from mas_train.scoring import turn_scores
+from mas_train.scoring import advantage_columns, turn_scores
 from mas_train.task_pool import TaskPool, collect_step
 from mas_train.tasks import TaskSampler
 
@@ -156,12 +156,7 @@ class MultiGroupTrainer:
             metrics.update(self.league.metrics(got.generated.trajectories))
         adv = np.zeros(0)
         if samples:
-            columns = (
-                turn_scores(samples, self.penalty, weights),
-                [s.task_uid for s in samples],
-                [s.traj_uid for s in samples],
-                [s.agent for s in samples],
-            )
+            columns = advantage_columns(samples, batch.trajectories, self.penalty, weights)
             res = compute_advantages_with_stats(
                 *columns,
                 mode=cfg.advantage_mode,

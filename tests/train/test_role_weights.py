@@ -229,3 +229,33 @@ def test_the_trainer_scores_with_the_agents_weights_and_passes_turn_ids(
         assert metrics["charts/role_reward/verifier"] == 0.25
     finally:
         tr.close()
+
+
+def test_grpo_in_a_game_normalises_each_seats_own_return():
+    """Two Kuhn hands of one deal: (a) check, bet, call, player_0 loses 2; (b) bet, fold, player_0 wins 1. Each
+    seat's turns form their own trajectory, so GRPO's r_i are the seat returns -2, +2, +1, -1 (mu 0, sigma
+    sqrt(2.5)). Averaged over both seats' turns r_a would be -2/3 and the winning player_1 would get A = -1."""
+    from mas_train.samples import Trajectory
+    from mas_train.scoring import advantage_columns
+
+    def turn(traj, agent, t, r):
+        return Sample("d", traj, agent, agent, t, [1], [2], [-0.1], False, r, True, 0, "stop", "kuhn-poker")
+
+    samples = [
+        turn("a", "player_0", 1, -2.0),
+        turn("a", "player_1", 2, 2.0),
+        turn("a", "player_0", 3, -2.0),
+        turn("b", "player_0", 1, 1.0),
+        turn("b", "player_1", 2, -1.0),
+    ]
+    rewards = {"a": {"player_0": -2.0, "player_1": 2.0}, "b": {"player_0": 1.0, "player_1": -1.0}}
+    trajs = [Trajectory("d", u, "kuhn-poker", 0.0, True, 3, {}, agent_rewards=rewards[u]) for u in "ab"]
+    cols = advantage_columns(samples, trajs, 0.0, {})
+    assert cols[2] == ["a|player_0", "a|player_1", "a|player_0", "b|player_0", "b|player_1"]
+    x = 1 / np.sqrt(2.5)
+    assert compute_advantages(*cols, mode="grpo") == pytest.approx([-2 * x, 2 * x, -2 * x, x, -x], abs=1e-5)
+    # a team env's trajectory (no agent_rewards) stays whole: eq. 2 as written
+    team = [Trajectory("d", u, "kuhn-poker", 0.0, True, 3, {}) for u in "ab"]
+    cols = advantage_columns(samples, team, 0.0, {})
+    assert cols[2] == ["a", "a", "a", "b", "b"]
+    assert compute_advantages(*cols, mode="grpo") == pytest.approx([-1, -1, -1, 1, 1], abs=1e-5)
