@@ -99,7 +99,7 @@
     if (t.weight_version !== null && t.weight_version !== undefined) head.append(" ", versionBadge(t));
     if (t.invalid) head.append(" ", el("span", "badge bad", "invalid"));
     if (t.skipped) head.append(" ", el("span", "badge warn", "skipped: prompt too long"));
-    if (t.played_by) head.append(" ", el("span", "badge", "played by " + t.played_by));
+    if (t.played_by) head.append(" ", el("span", "badge foe", "played by " + t.played_by));
     box.append(head, el("pre", "text", t.text === "" ? "(empty)" : t.text));
     if (!opts.compact && t.prompt.length) box.append(promptView(ep, t));
     return box;
