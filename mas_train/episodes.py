@@ -312,7 +312,8 @@ def episodes_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     for r in records:
         ok = "success" if r["success"] else "failure"
         parts.append(
-            f"### {r['kind']} step {r['step']}: task {r['task_id']} ({r['data_source']}), {ok}, {_outcome(r)}\n\n**question**\n\n{_block(str(r['question']))}\n\n**gold** `{r['gold']}`"
+            f"### {r['kind']} step {r['step']}: task {r['task_id']} ({r['data_source']}), {ok}, {_outcome(r)}"
+            f"\n\n**question**\n\n{_block(str(r['question']))}\n\n**gold** `{r['gold']}`"
         )
         for t in r["transcript"]:
             if t["speaker"] == "env":

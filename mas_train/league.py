@@ -231,9 +231,8 @@ class League:
         ``requires_grad`` and the active adapter as they were."""
         model = self._model(group)
         name = self.adapter(step, group)
-        with lora.preserving_state(
-            model
-        ):  # new parameters stay frozen (not in the state: requires_grad False)
+        # the snapshot's new parameters are not in the saved state, so they end frozen (requires_grad False)
+        with lora.preserving_state(model):
             lora.add(model, self.lora_cfgs[group], name)
         return name
 

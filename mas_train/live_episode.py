@@ -106,7 +106,7 @@ class LiveEpisode:
             # A game's seats each get their own return (``per_agent_rewards``; the team reward is their mean,
             # 0 in a zero-sum game): every turn is scored with its own agent's outcome reward. A team env's infos
             # give R for every agent; kept empty here (Trajectory.agent_rewards), so that "has returns" means a game.
-            if getattr(text_env(env), "per_agent_rewards", False):
+            if text_env(env).per_agent_rewards:
                 self.agent_rewards = {str(k): float(v) for k, v in end_info.get("agent_rewards", {}).items()}
             while env.agents:
                 env.step(None)  # PettingZoo dead steps

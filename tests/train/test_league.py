@@ -425,13 +425,24 @@ def test_legal_moves_only_is_refused_off_games_and_at_another_temperature(tmp_pa
 
 
 def test_tiny_qwen3_kuhn_with_legal_moves_only_learner_and_snapshot_play_only_legal_moves(
-    tmp_path, tiny_qwen3_path
+    tmp_path, tiny_qwen3_path, monkeypatch
 ):
     """The random-init tiny model never writes a move by itself; with legal_moves_only no turn is illegal, no game
-    is forfeited, including the games against its snapshot (step 2), and the adapters get a gradient."""
+    is forfeited, including the games against its snapshot (step 2), and the adapters get a gradient. The
+    advantages see each seat's turns as a trajectory of their own (a game: GRPO's r_i is the seat's return)."""
     pytest.importorskip("trl")
+    import mas_train.trainer as trainer_mod
     from mas_train.assemble import assemble_trainer
     from mas_train.config import TrainConfig
+
+    seen = []
+    real = trainer_mod.compute_advantages_with_stats
+
+    def spy(*cols, **kw):
+        seen.append(cols)
+        return real(*cols, **kw)
+
+    monkeypatch.setattr(trainer_mod, "compute_advantages_with_stats", spy)  # the name the loop calls
 
     seats = ("player_0", "player_1")
     deals = [{"id": f"kuhn-poker/{a}{b}", "question": "deal", "cards": [a, b], "data_source": "kuhn-poker"}
@@ -458,6 +469,9 @@ def test_tiny_qwen3_kuhn_with_legal_moves_only_learner_and_snapshot_play_only_le
         assert m["charts/invalid_rate"] == 0.0 and m["env/forfeit"] == 0.0
     assert m2["league/episodes/snapshot"] == 1.0
     assert max(m1.get(f"losses/grad_norm/{s}", 0.0) for s in seats) > 0.0
+    assert len(seen) == 2 and all(cols[2] for cols in seen)
+    for _, _, traj_ids, agents in seen:
+        assert all(t.endswith("|" + a) and t.count("|") == 1 for t, a in zip(traj_ids, agents, strict=True))
 
 
 def test_against_an_opponent_the_learner_holds_a_seat_whose_group_trains():
