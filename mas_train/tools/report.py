@@ -44,6 +44,20 @@ _TEMPLATES = Path(__file__).with_name("templates")
 # The metrics of the summary tables, in this order (then every other eval/ key the run logged).
 _TRAIN_KEYS = ("charts/reward", "charts/success_rate", "charts/invalid_rate", "charts/turns")
 _SKIP_EVAL = ("eval/seconds",)
+# A game (mas_envs.games: per-seat win/draw/loss metrics) has no team outcome: its episodes all "succeed" (the game
+# ended by its rules) and its team reward is 0 when zero-sum, so avg@k, pass@k, reward and success rate are left out
+# of its summary; its exact measure (``exploitability``, ``game_value``) and per-seat results lead instead.
+_TEAM_ONLY = ("avg@", "pass@", "reward", "success_rate")
+
+
+def _is_game(line: Mapping[str, Any]) -> bool:
+    """Whether a logged line is a game's: it has a seat's ``env/<seat>/win`` metric."""
+    return any(k.startswith(("eval/env/", "env/")) and k.endswith("/win") for k in line)
+
+
+def _team_only(key: str) -> bool:
+    """Whether a metric (without its ``eval/`` or ``charts/`` prefix) is a team task's outcome (`_TEAM_ONLY`)."""
+    return key.rsplit("/", 1)[-1].startswith(_TEAM_ONLY)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -126,13 +140,18 @@ def _fmt(v: Any) -> str:
 def _eval_rows(first: Mapping[str, Any], last: Mapping[str, Any]) -> list[dict[str, str]]:
     """Rows ``metric | first | last | change`` over the eval keys either line has."""
     keys = [k for k in dict.fromkeys([*first, *last]) if k.startswith("eval/") and k not in _SKIP_EVAL]
-
-    head = ("avg@", "pass@", "reward", "invalid_rate", "num_tasks")
+    game = _is_game(first) or _is_game(last)
+    if game:
+        keys = [k for k in keys if not _team_only(k[5:])]
+    head = (
+        ("exploitability", "game_value") if game else ("avg@", "pass@", "reward", "invalid_rate", "num_tasks")
+    )
 
     def order(k: str) -> tuple[int, int, str]:
         rest = k[5:]
-        if "/" not in rest:
-            return (0, next((i for i, h in enumerate(head) if rest.startswith(h)), len(head)), rest)
+        lead = next((i for i, h in enumerate(head) if rest.startswith(h)), len(head))
+        if "/" not in rest or (game and lead < len(head)):
+            return (0, lead, rest)
         return (2, 0, rest) if rest.startswith(("env/", "invalid_rate/")) else (1, 0, rest)
 
     rows = []
@@ -213,8 +232,11 @@ def _summary(run: Mapping[str, Any]) -> dict[str, Any]:
             f"{sum(r.get('kind') == 'eval' for r in run['episodes'])} evaluation",
         ),
     ]
+    game = _is_game(first) or _is_game(t1)
     train_rows = [
-        {"metric": k[7:], "first": _fmt(t0.get(k)), "last": _fmt(t1.get(k))} for k in _TRAIN_KEYS if k in t1
+        {"metric": k[7:], "first": _fmt(t0.get(k)), "last": _fmt(t1.get(k))}
+        for k in _TRAIN_KEYS
+        if k in t1 and not (game and _team_only(k[7:]))
     ]
     return {
         "settings": _settings(run["config"]),

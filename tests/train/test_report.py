@@ -259,3 +259,35 @@ def test_the_page_shows_each_agents_diversity(tmp_path):
     assert 'alt="diversity"' in html  # the figure is on the page too
     plain = build_run_report(write_fake_run(tmp_path / "plain", steps=4)).read_text(encoding="utf-8")
     assert 'id="diversity-table"' not in plain and 'alt="diversity"' not in plain
+
+
+def test_a_games_summary_leaves_out_team_outcomes_and_leads_with_its_exact_measure(tmp_path):
+    # a Kuhn-shaped run: every game "succeeds" (ended by its rules) and the zero-sum team reward is 0, so avg@k,
+    # pass@k, reward and success rate say nothing; exploitability and the per-seat results are the measures
+    run = tmp_path / "kuhn"
+    run.mkdir()
+    (run / "config.yaml").write_text("env: kuhn-poker\nlog_episodes: 0\n")
+    seats = {
+        f"env/player_{i}/{k}": v for i in (0, 1) for k, v in (("win", 0.5), ("loss", 0.5), ("draw", 0.0))
+    }
+    ev = {"eval/avg@4": 1.0, "eval/pass@4": 1.0, "eval/kuhn-poker/avg@4": 1.0, "eval/reward": 0.0}
+    lines = [
+        {"step": 0, "time": 1.0, **ev, "eval/exploitability": 0.791, "eval/game_value": 0.011,
+         **{"eval/" + k: v for k, v in seats.items()}},
+        {"step": 1, "time": 2.0, "charts/reward": 0.0, "charts/success_rate": 1.0, "charts/turns": 2.5, **seats},
+        {"step": 2, "time": 3.0, "charts/reward": 0.0, "charts/success_rate": 1.0, "charts/turns": 2.0, **seats},
+        {"step": 2, "time": 4.0, **ev, "eval/exploitability": 0.341, "eval/game_value": -0.046,
+         **{"eval/" + k: v for k, v in seats.items()}},
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    html = build_run_report(run).read_text(encoding="utf-8")
+    table = html[html.index('id="eval-table"') : html.index("</table>", html.index('id="eval-table"'))]
+    metrics = re.findall(r"<tr><td>([^<]+)</td>", table)
+    assert metrics[:2] == ["exploitability", "game_value"]
+    assert not [m for m in metrics if m.startswith(("avg@", "pass@", "reward", "kuhn-poker/"))]
+    assert "env/player_0/win" in metrics
+    assert re.search(r"<tr><td>exploitability</td><td>0.791</td><td>0.341</td><td>-0.45</td></tr>", table)
+    rollouts = html[html.index("Training rollouts") :]
+    assert (
+        "<td>turns</td>" in rollouts and "<td>reward</td>" not in rollouts and "success_rate" not in rollouts
+    )

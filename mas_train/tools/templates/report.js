@@ -27,6 +27,10 @@
   function badge(ok, yes, no) {
     return el("span", "badge " + (ok ? "ok" : "bad"), ok ? yes || "success" : no || "failure");
   }
+  // a game's episode "succeeds" when it ended by its rules (its outcome is the per-seat returns); a task's when solved
+  function outcomeBadge(ep) {
+    return hasReturns(ep) ? badge(ep.success, "played out", "forfeit") : badge(ep.success);
+  }
   // the weight version that generated a turn and, for a training turn, the one its group's update trained at
   function versionBadge(t) {
     const trained = t.trained_at_version;
@@ -113,9 +117,9 @@
     }
     for (const t of ep.transcript) body.append(turnView(ep, t, opts));
     const foot = el("div", "foot", ...(hasReturns(ep) ? ["returns ", el("b", null, outcome(ep))] : ["team reward ", el("b", null, num(ep.team_reward))]),
-      " · ", badge(ep.success));
+      " · ", outcomeBadge(ep));
     const g = ep.task_group;
-    if (g && !opts.compact) foot.append(" · " + g.successes + " of the task's " + g.size + " episodes succeeded (mean reward " + num(g.mean_reward) + ")");
+    if (g && !opts.compact && !hasReturns(ep)) foot.append(" · " + g.successes + " of the task's " + g.size + " episodes succeeded (mean reward " + num(g.mean_reward) + ")");
     const mk = Object.keys(ep.metrics || {});
     if (mk.length) foot.append(el("div", "metrics", mk.map((k) => k + " " + num(ep.metrics[k])).join(" · ")));
     body.append(foot);
@@ -139,7 +143,7 @@
     card.dataset.kind = ep.kind;
     card.dataset.step = ep.step;
     card.dataset.success = ep.success;
-    const sum = el("summary", null, badge(ep.success), " ",
+    const sum = el("summary", null, outcomeBadge(ep), " ",
       el("span", "where", (multi ? data.runs[item.run].name + " · " : "") + stepLabel(ep)),
       " · task " + ep.task_id + " · " + ep.data_source + " · episode " + (ep.sample + 1) + " of " + (ep.task_group ? ep.task_group.size : "?") +
       " · " + outcome(ep),
