@@ -4,11 +4,12 @@ the metrics read them). Token ids are kept end to end; a record is complete and 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mas_train.episodes import EpisodeText
 
-__all__ = ["RolloutBatch", "Sample", "Trajectory"]
+__all__ = ["RolloutBatch", "Sample", "Trajectory", "merge_duplicates"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,36 @@ class RolloutBatch:
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
     texts: list[EpisodeText] = field(default_factory=list)
+
+
+def merge_duplicates(
+    samples: Sequence[Sample], advantages: Sequence[float], masked: Callable[[Sample], bool]
+) -> tuple[list[Sample], list[float]]:
+    """One row per distinct (agent, prompt ids, completion ids, masked) with the advantages of its copies summed.
+
+    A loss that is linear in each row's advantage (``dapo``/``cispo`` at ``num_iterations == 1``, no KL,
+    entropy term or sampler correction: :meth:`mas_train.grpo.update.GroupGRPOTrainer._merging_is_exact`)
+    gives ``Σ_i A_i ∇ log π(c | p) = (Σ_i A_i) ∇ log π(c | p)`` for ``n`` copies of one sequence, so one forward
+    of the sum is the same gradient as ``n`` forwards. Games revisit few states: Kuhn poker has 12 prompts and
+    2 moves each, so a step's ~115 turns are at most 24 distinct rows. The first copy stands for the others
+    (its ``traj_uid``, weight version and sampling logprobs).
+
+    Args:
+        samples, advantages: one float per sample.
+        masked: whether a sample's completion is left out of the loss (its copies must agree).
+
+    Returns:
+        The distinct samples in first-seen order and their summed advantages.
+    """
+    first: dict[tuple[object, ...], int] = {}
+    out: list[Sample] = []
+    summed: list[float] = []
+    for s, a in zip(samples, advantages, strict=True):
+        key = (s.agent, tuple(s.prompt_ids), tuple(s.completion_ids), masked(s))
+        if key in first:
+            summed[first[key]] += float(a)
+        else:
+            first[key] = len(out)
+            out.append(s)
+            summed.append(float(a))
+    return out, summed

@@ -23,6 +23,11 @@ What TRL would do and we do ourselves:
   ``_generate_and_score_completions``, which this update bypasses).
 * **Gradient accumulation** over micro-batches of ``micro_batch_size`` samples, so memory is bounded whatever
   the number of turns.
+* **Copies of one sequence trained once**: where the loss is linear in each row's advantage
+  (:meth:`GroupGRPOTrainer._merging_is_exact`), samples with the same agent, prompt and completion become one row
+  with their advantages summed (:func:`mas_train.samples.merge_duplicates`), the same gradient for fewer forwards
+  (a game's few states; Kuhn poker's step trains at most 24 distinct rows). Loss metrics (entropy, clip ratios,
+  sampler mismatch) are then means over distinct rows.
 * **Per-agent gradient norms** (paper Fig. 4): each agent's micro-batches are back-propagated into empty
   ``.grad`` buffers, the norm of that agent's gradient alone is read, and it is added into a running sum that
   becomes the real gradient. The update is therefore exactly the one without the measurement.
@@ -48,7 +53,7 @@ from trl import GRPOConfig
 from mas_train.grpo.importance import SamplerCheck
 from mas_train.grpo.prefix import SharedPrefix, agent_prefix_lengths, build_prefixes, prefix_logps
 from mas_train.grpo.trl_adapter import TRLGRPO, TokenLogps, grpo_args
-from mas_train.samples import Sample
+from mas_train.samples import Sample, merge_duplicates
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -233,9 +238,10 @@ class GroupGRPOTrainer(TRLGRPO):
         Returns:
             Plain-float metrics: ``loss``, ``grad_norm`` (pre-clip, of the last optimizer step),
             ``grad_norm/<agent>``, ``learning_rate``, ``entropy``, ``clip_ratio/*``, ``kl`` (beta > 0),
-            IS statistics, ``num_tokens``, ``num_samples``, ``num_skipped_zero_advantage`` (samples left out of
-            the forward/backward because their advantage is 0 and the loss makes that exact; see
-            :meth:`_zero_advantage_is_free`).
+            IS statistics, ``num_tokens``, ``num_samples``, ``num_merged_duplicates`` (copies of another
+            sample's sequence trained in its row, :meth:`_merging_is_exact`), ``num_skipped_zero_advantage``
+            (distinct samples left out of the forward/backward because their advantage is 0 and the loss makes
+            that exact; see :meth:`_zero_advantage_is_free`).
 
         Raises:
             ValueError: on empty or malformed samples.
@@ -248,6 +254,9 @@ class GroupGRPOTrainer(TRLGRPO):
         all_agents = sorted({s.agent for s in samples})
         n_all = len(samples)
         total_tokens = sum(len(s.completion_ids) for s in samples if not self._masked(s))
+        if self._merging_is_exact():  # copies of one sequence: one row with their advantages summed (exact)
+            samples, advantages = merge_duplicates(samples, advantages, self._masked)
+        n_distinct = len(samples)
         if self._zero_advantage_is_free():
             # A sample whose advantage is 0 adds exactly 0 to a token-normalised loss without KL or entropy
             # terms, and the normaliser (total_tokens) already counts it: leaving it out of the forward and
@@ -354,7 +363,8 @@ class GroupGRPOTrainer(TRLGRPO):
             "num_tokens": float(sum(len(s.completion_ids) for s in all_samples)),
             "num_masked_truncated": float(sum(self._masked(s) for s in all_samples)),
             "num_samples": float(n_all),
-            "num_skipped_zero_advantage": float(n_all - len(samples)),
+            "num_merged_duplicates": float(n_all - n_distinct),
+            "num_skipped_zero_advantage": float(n_distinct - len(samples)),
             "num_micro_batches": float(n_micro),
             "num_forward_tokens": float(forward_tokens * num_iterations),
         }
@@ -381,6 +391,23 @@ class GroupGRPOTrainer(TRLGRPO):
             self.loss_type in ("dapo", "cispo", "vespo")
             and self.beta == 0.0
             and not self.entropy_bonus_enabled
+        )
+
+    def _merging_is_exact(self) -> bool:
+        """Whether copies of one (prompt, completion) may be trained as one row with their advantages summed
+        (:func:`mas_train.samples.merge_duplicates`): the loss is linear in each row's advantage and its
+        normaliser counts every copy's tokens. That holds for ``dapo``/``cispo`` at ``num_iterations == 1`` (the
+        ratio is 1, no clip binds) with nothing else per row: no KL, entropy bonus or top-entropy mask, no
+        sampler correction or off-policy mask (they read each copy's sampling logprobs)."""
+        a = self.args
+        return (
+            self.loss_type in ("dapo", "cispo")
+            and int(a.num_iterations) == 1
+            and self._zero_advantage_is_free()
+            and not self.sampler_check.correct
+            and a.off_policy_mask_threshold is None
+            and float(a.top_entropy_quantile) >= 1.0
+            and not self.aux_loss_enabled
         )
 
     @staticmethod

@@ -17,6 +17,7 @@ from mas_train.assemble import assemble_trainer  # noqa: E402
 from mas_train.grpo.update import GroupGRPOTrainer, grpo_args  # noqa: E402
 from mas_train.hosting.worker import StaleSampleError  # noqa: E402
 from mas_train.rollout import Sample  # noqa: E402
+from mas_train.samples import merge_duplicates  # noqa: E402
 from mas_train.tasks import TaskSampler  # noqa: E402
 
 
@@ -149,6 +150,63 @@ def test_zero_advantage_samples_are_skipped_exactly_for_dapo(tiny_model_and_toke
     assert grpo.update(samples, adv)["num_skipped_zero_advantage"] == 0
     beta = _trainer(tiny_model_and_tokenizer, tmp_path, vllm_importance_sampling_correction=False, beta=0.1)
     assert beta.update(samples, adv)["num_skipped_zero_advantage"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_copies_of_one_sequence_are_trained_as_one_row_exactly(
+    tiny_model_and_tokenizer, tmp_path, monkeypatch
+):
+    # a game revisits its states: copies of r0 (solver) and r5 (verifier) from other trajectories
+    base = _samples()
+    copies = [
+        dataclasses.replace(base[0], traj_uid="r7", sampling_logprobs=[-11.0] * len(base[0].completion_ids)),
+        dataclasses.replace(base[5], traj_uid="r8"),
+        dataclasses.replace(base[0], traj_uid="r9"),
+    ]
+    samples = base + copies
+    adv = [*ADV, 0.25, 0.7, -2.0]  # r0's row: 1.0 + 0.25 - 2.0 = -0.75; r5's: -0.7 + 0.7 = 0 (then skipped)
+    kw = dict(vllm_importance_sampling_correction=False, loss_type="dapo", micro_batch_size=3)
+    merged, full = (
+        _trainer(tiny_model_and_tokenizer, tmp_path, **kw),
+        _trainer(tiny_model_and_tokenizer, tmp_path, **kw),
+    )
+    monkeypatch.setattr(full, "_merging_is_exact", lambda: False)
+    g_m, g_f = _capture_grads(merged), _capture_grads(full)
+    m_m = merged.update(samples, adv, agent_grad_norms=True)
+    m_f = full.update(samples, adv, agent_grad_norms=True)
+    assert m_m["num_merged_duplicates"] == 3 and m_f["num_merged_duplicates"] == 0
+    assert m_m["num_skipped_zero_advantage"] == 1 and m_f["num_skipped_zero_advantage"] == 0  # r5's sum is 0
+    assert m_m["num_samples"] == m_f["num_samples"] == 10 and m_m["num_tokens"] == m_f["num_tokens"]
+    assert m_m["num_forward_tokens"] < m_f["num_forward_tokens"]
+    for a in ("solver", "verifier"):
+        assert m_m[f"grad_norm/{a}"] == pytest.approx(m_f[f"grad_norm/{a}"], rel=1e-4)
+    for k in g_f[0]:
+        torch.testing.assert_close(g_m[0][k], g_f[0][k], rtol=1e-4, atol=1e-7)
+    # where the loss is not linear in a row's advantage, or reads each copy's own numbers, nothing is merged
+    for other in (
+        {"loss_type": "grpo"},
+        {"num_iterations": 2},
+        {"beta": 0.1},
+        {"vllm_importance_sampling_correction": True},
+    ):
+        tr = _trainer(tiny_model_and_tokenizer, tmp_path, **{**kw, **other})
+        assert tr.update(samples, adv)["num_merged_duplicates"] == 0, other
+
+
+def test_merge_duplicates_sums_the_advantages_of_a_sequences_copies():
+    s = _samples(n_solver=2, n_verifier=1)
+    same_ids_other_agent = dataclasses.replace(s[0], agent="verifier")
+    rows, adv = merge_duplicates(
+        [s[0], s[1], dataclasses.replace(s[0], traj_uid="x"), same_ids_other_agent, s[2]],
+        [1.0, 2.0, 0.5, 4.0, 8.0],
+        masked=lambda smp: False,
+    )
+    assert [r.traj_uid for r in rows] == ["r0", "r1", "r0", "r2"] and adv == [1.5, 2.0, 4.0, 8.0]
+    assert rows[2].agent == "verifier"  # the same tokens by another agent are another row
+    # a truncated copy left out of the loss is not the same row as one in it
+    cut = dataclasses.replace(s[0], finish_reason="length")
+    rows, adv = merge_duplicates([s[0], cut], [1.0, 1.0], masked=lambda smp: smp.finish_reason == "length")
+    assert len(rows) == 2 and adv == [1.0, 1.0]
 
 
 def _prefixed_samples(seed=0):
