@@ -29,7 +29,8 @@ def choose_moves(
 ) -> list[tuple[str, GenerationOutput]]:
     """Draw one move per prompt among its legal labels by the model's probability of each move text
     (``RolloutCollector(legal_moves_only=True)``): the candidates ``<move>LABEL</move>`` + EOS are scored in one
-    ``score(prompt_ids, completion_ids)`` call (per-token log-probs, temperature 1); move k is drawn with
+    ``score(prompt_ids, completion_ids)`` call (per-token log-probs, temperature 1), each distinct (prompt,
+    candidate) pair once; move k is drawn with
     probability ∝ exp(Σ log p_k / T) from ``numpy.random.default_rng(sampling.seed)`` (T = 0: the likeliest).
 
     Returns:
@@ -40,10 +41,12 @@ def choose_moves(
     cands = [
         [tokenizer.encode(format_move(m), add_special_tokens=False) + eos for m in moves] for moves in legal
     ]
-    scores = score(
-        [list(p) for p, moves in zip(prompts, legal, strict=True) for _ in moves],
-        [c for cs in cands for c in cs],
-    )
+    pairs = [(tuple(p), tuple(c)) for p, cs in zip(prompts, cands, strict=True) for c in cs]
+    # a game's episodes revisit few states (Kuhn poker: 12 prompts): each distinct pair is scored once
+    distinct = list(dict.fromkeys(pairs))
+    got_distinct = score([list(p) for p, _ in distinct], [list(c) for _, c in distinct])
+    by_pair = dict(zip(distinct, got_distinct, strict=True))
+    scores = [by_pair[pc] for pc in pairs]
     out, at = [], 0
     for moves, cs, sp in zip(legal, cands, sampling, strict=True):
         got = scores[at : at + len(moves)]

@@ -373,7 +373,18 @@ def test_choose_moves_draws_by_the_scored_probabilities_and_returns_the_scored_i
         assert out.logprobs == pytest.approx(
             [math.log(0.2 if m == "check" else 0.8)] + [0.0] * (len(ids) - 1)
         )
-    assert len(seen) == 1 and len(seen[0][1]) == 6  # one score call for every candidate of the batch
+    # one score call; the three prompts are one state, so its 2 candidates are scored once, not 6 times
+    assert len(seen) == 1 and len(seen[0][1]) == 2
+    seen.clear()
+    mixed = choose_moves(
+        score, tok, [[1, 2], [4], [1, 2]], [["check", "bet"], ["fold", "call"], ["check", "bet"]], sps
+    )
+    assert (
+        seen[0][0] == [[1, 2], [1, 2], [4], [4]] and len(seen[0][1]) == 4
+    )  # distinct pairs in first-seen order
+    assert [o.logprobs for _, o in mixed][0::2] == [
+        got[i][1].logprobs for i in (0, 2)
+    ]  # copies get the same scores
     assert [
         m for m, _ in choose_moves(score, tok, [[1]], [["check", "bet"]], [SamplingParams(temperature=0.0)])
     ] == ["bet"]
