@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,9 +270,12 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
             },
         }
     files = report_plots(by_mode, metrics, out)
-    ranked = sorted(
-        (m["final_avg"]["mean"], mode) for mode, m in modes.items() if m["final_avg"]["mean"] is not None
-    )
+    if _is_game(modes):  # every team outcome of a game is 1 (it ended by its rules): rank by exploitability
+        ranked = sorted((-m["exploitability"]["last"]["mean"], mode) for mode, m in modes.items())
+    else:
+        ranked = sorted(
+            (m["final_avg"]["mean"], mode) for mode, m in modes.items() if m["final_avg"]["mean"] is not None
+        )
     ranking = [mode for _, mode in ranked]
     summary: dict[str, Any] = {
         "modes": modes,
@@ -281,7 +284,10 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[st
         "files": [str(p) for p in files],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(_markdown(modes, _ranking_text(ranked), files, out), encoding="utf-8")
+    (out / "summary.md").write_text(
+        _markdown(modes, _ranking_text(ranked, " > " if _is_game(modes) else " < "), files, out),
+        encoding="utf-8",
+    )
     summary["files"] = [
         str(out / "summary.md"),
         str(out / "summary.json"),
@@ -302,12 +308,21 @@ def _html(run_dirs: Sequence[str | Path], out: Path) -> list[str]:
     return [str(build_comparison(run_dirs, out / "report.html"))]
 
 
-def _ranking_text(ranked: Sequence[tuple[float, str]]) -> str:
-    """``"grpo < agent_mean = drmas"``: modes sorted by mean final avg@k, ``=`` between equal means."""
+def _is_game(modes: Mapping[str, Any]) -> bool:
+    """Whether every mode's runs logged a game's exact ``eval/exploitability`` (Kuhn poker): the measure the
+    summary ranks and leads with, instead of avg@k / pass@k, which are 1 for every game that ends by its rules."""
+    return bool(modes) and all(
+        m["exploitability"] and m["exploitability"]["last"]["mean"] is not None for m in modes.values()
+    )
+
+
+def _ranking_text(ranked: Sequence[tuple[float, str]], sep: str = " < ") -> str:
+    """``"grpo < agent_mean = drmas"``: modes sorted by mean final avg@k, ``=`` between equal means (a game's:
+    by exploitability, worst first, ``sep`` ``" > "``)."""
     text = ""
     for i, (value, mode) in enumerate(ranked):
         if i:
-            text += " = " if value == ranked[i - 1][0] else " < "
+            text += " = " if value == ranked[i - 1][0] else sep
         text += mode
     return text
 
@@ -315,12 +330,30 @@ def _ranking_text(ranked: Sequence[tuple[float, str]]) -> str:
 def _markdown(modes: dict[str, Any], ranking: str, files: Sequence[Path], out: Path) -> str:
     lines = ["# mas-compare: advantage modes", ""]
     lines.append("Mean ± std over seeds (sample std; none with one seed). Gain = last − first eval line.")
-    lines += ["", "| mode | seeds | final avg@k | final pass@k | gain avg@k |", "|---|---|---|---|---|"]
+    game = _is_game(modes)
+    if game:
+        lines += [
+            "",
+            "Exact exploitability (`eval/exploitability`, chips per hand, 0 at an equilibrium; lower is better), "
+            "first and last evaluation (avg@k and pass@k, 1 for every game that ends by its rules, are left out):",
+            "",
+            "| mode | seeds | first | last | change |",
+            "|---|---|---|---|---|",
+        ]
+    else:
+        lines += ["", "| mode | seeds | final avg@k | final pass@k | gain avg@k |", "|---|---|---|---|---|"]
     for mode, m in modes.items():
         k = m["k"] if m["k"] is not None else "k"
+        seeds = ",".join(map(str, m["seeds"]))
+        if game:
+            ex = m["exploitability"]
+            lines.append(
+                f"| {mode} | {seeds} | {_fmt(ex['first'])} | {_fmt(ex['last'])} | {_fmt(ex['change'])} |"
+            )
+            continue
         lines.append(
-            f"| {mode} | {','.join(map(str, m['seeds']))} | {_fmt(m['final_avg'])} (k={k}) | "
-            f"{_fmt(m['final_pass'])} | {_fmt(m['gain_avg'], 3)} |"
+            f"| {mode} | {seeds} | {_fmt(m['final_avg'])} (k={k}) | {_fmt(m['final_pass'])} | "
+            f"{_fmt(m['gain_avg'], 3)} |"
         )
     lines += [
         "",
@@ -344,7 +377,7 @@ def _markdown(modes: dict[str, Any], ranking: str, files: Sequence[Path], out: P
             ]
             cells.append(_fmt(m["adv_mean"][a]) if a in m["adv_mean"] else "–")
             lines.append(f"| {mode} | {a} | " + " | ".join(cells) + " |")
-    if any(m["exploitability"] for m in modes.values()):
+    if not game and any(m["exploitability"] for m in modes.values()):
         lines += [
             "",
             "Exact exploitability (`eval/exploitability`, chips per hand, 0 at an equilibrium; lower is better), "
@@ -385,7 +418,9 @@ def _markdown(modes: dict[str, Any], ranking: str, files: Sequence[Path], out: P
         for a, v in rows:
             rho = v["rho"]
             lines.append(f"| {mode} | {a} | {'–' if rho is None else f'{rho:.2f}'} | {v['points']} |")
-    if ranking:
+    if ranking and game:
+        lines += ["", f"Modes by mean final exploitability, highest (worst) first: {ranking}."]
+    elif ranking:
         lines += ["", f"Modes by mean final avg@k, lowest first: {ranking}."]
     lines += [""] + [f"![{p.stem}]({p.relative_to(out)})" for p in files] + [""]
     return "\n".join(lines)

@@ -354,7 +354,12 @@ def test_a_games_exact_exploitability_is_summarised_first_to_last_and_plotted(tm
     assert ex["first"]["mean"] == pytest.approx(0.75) and ex["last"]["mean"] == pytest.approx(0.4)
     assert ex["change"]["values"] == pytest.approx([-0.3, -0.4])
     md = (tmp_path / "cmp" / "summary.md").read_text()
-    assert "| grpo | 0.800 | 0.600 | -0.200 |" in md and "Exact exploitability" in md
+    # a game's table leads with it (avg@k is 1 for every game) and ranks by it, the worst (highest) first
+    assert "| grpo | 0 | 0.800 | 0.600 | -0.200 |" in md and "Exact exploitability" in md
+    assert "| drmas | 0,1 | 0.750 ± 0.071 | 0.400 ± 0.141 | -0.350 ± 0.071 |" in md
+    assert "final avg@k" not in md and md.count("Exact exploitability") == 1
+    assert out["ranking"] == ["grpo", "drmas"]
+    assert "Modes by mean final exploitability, highest (worst) first: grpo > drmas." in md
     plain = build_report([write_fake_run(tmp_path / "plain", mode="drmas")], tmp_path / "cmp2")
     assert plain["modes"]["drmas"]["exploitability"] == {}
     assert "Exact exploitability" not in (tmp_path / "cmp2" / "summary.md").read_text()
