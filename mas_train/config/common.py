@@ -120,8 +120,8 @@ _GAME = {
 }
 # Kuhn poker: all 6 deals every step, a reply line listing both moves (move_hint choices; with the default example
 # the model copies it and never bets). Exploitability is logged at every evaluation: seed 0 0.791 -> 0.368, seed 1
-# 0.791 -> 0.335 in 40 steps (8.7 min alone on a 2-core Xeon with AMX; docs/envs.md "Games"); the issue-40 bar
-# (<= 0.15, 3 seeds) is not met.
+# 0.791 -> 0.335 in 40 steps (seed 0 alone on a 2-core Zen 4: 7.6 min, peak RSS 1.97 GB; docs/envs.md "Games");
+# the issue-40 bar (<= 0.15, 3 seeds) is not met: the tables are card-blind (scripts/kuhn_card_probe.py).
 LAPTOP_DEFAULTS["kuhn-poker"] = {
     **_GAME,
     "env_kwargs": {"move_hint": "choices"},
