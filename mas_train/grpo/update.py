@@ -398,7 +398,7 @@ class GroupGRPOTrainer(TRLGRPO):
         (:func:`mas_train.samples.merge_duplicates`): the loss is linear in each row's advantage and its
         normaliser counts every copy's tokens. That holds for ``dapo``/``cispo`` at ``num_iterations == 1`` (the
         ratio is 1, no clip binds) with nothing else per row: no KL, entropy bonus or top-entropy mask, no
-        sampler correction or off-policy mask (they read each copy's sampling logprobs)."""
+        sampler correction or off-policy mask (they read each copy's sampling logprobs), no ``delta`` below 1, dropout off."""
         a = self.args
         return (
             self.loss_type in ("dapo", "cispo")
@@ -408,6 +408,8 @@ class GroupGRPOTrainer(TRLGRPO):
             and a.off_policy_mask_threshold is None
             and float(a.top_entropy_quantile) >= 1.0
             and not self.aux_loss_enabled
+            and (a.delta is None or float(a.delta) >= 1.0)  # a cap below 1 binds at ratio 1: not linear in A
+            and bool(a.disable_dropout)  # n copies under dropout are n masks, not one
         )
 
     @staticmethod

@@ -188,6 +188,7 @@ def test_copies_of_one_sequence_are_trained_as_one_row_exactly(
         {"num_iterations": 2},
         {"beta": 0.1},
         {"vllm_importance_sampling_correction": True},
+        {"delta": 0.9},
     ):
         tr = _trainer(tiny_model_and_tokenizer, tmp_path, **{**kw, **other})
         assert tr.update(samples, adv)["num_merged_duplicates"] == 0, other

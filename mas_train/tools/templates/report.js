@@ -29,7 +29,8 @@
   }
   // a game's episode "succeeds" when it ended by its rules (its outcome is the per-seat returns); a task's when solved
   function outcomeBadge(ep) {
-    return hasReturns(ep) ? badge(ep.success, "played out", "forfeit") : badge(ep.success);
+    if (!hasReturns(ep)) return badge(ep.success);
+    return badge(ep.success, "played out", (ep.metrics || {}).forfeit ? "forfeit" : "cut off");
   }
   // the weight version that generated a turn and, for a training turn, the one its group's update trained at
   function versionBadge(t) {
