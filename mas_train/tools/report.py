@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mas_train.tools.report_tables import diversity_rows, eval_rows, fmt, is_game, settings_rows, train_rows
+
 __all__ = ["MAX_TRAIN_STEPS", "build_comparison", "build_run_report", "load_run_data", "main"]
 
 #: Training steps whose episodes a page embeds at most (evenly spaced, first and last kept): bounds the page
@@ -41,23 +43,6 @@ __all__ = ["MAX_TRAIN_STEPS", "build_comparison", "build_run_report", "load_run_
 MAX_TRAIN_STEPS = 200
 
 _TEMPLATES = Path(__file__).with_name("templates")
-# The metrics of the summary tables, in this order (then every other eval/ key the run logged).
-_TRAIN_KEYS = ("charts/reward", "charts/success_rate", "charts/invalid_rate", "charts/turns")
-_SKIP_EVAL = ("eval/seconds",)
-# A game (mas_envs.games: per-seat win/draw/loss metrics) has no team outcome: its episodes all "succeed" (the game
-# ended by its rules) and its team reward is 0 when zero-sum, so avg@k, pass@k, reward and success rate are left out
-# of its summary; its exact measure (``exploitability``, ``game_value``) and per-seat results lead instead.
-_TEAM_ONLY = ("avg@", "pass@", "reward", "success_rate")
-
-
-def _is_game(line: Mapping[str, Any]) -> bool:
-    """Whether a logged line is a game's: it has a seat's ``env/<seat>/win`` metric."""
-    return any(k.startswith(("eval/env/", "env/")) and k.endswith("/win") for k in line)
-
-
-def _team_only(key: str) -> bool:
-    """Whether a metric (without its ``eval/`` or ``charts/`` prefix) is a team task's outcome (`_TEAM_ONLY`)."""
-    return key.rsplit("/", 1)[-1].startswith(_TEAM_ONLY)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -127,103 +112,13 @@ def load_run_data(run_dir: str | Path, *, max_train_steps: int = MAX_TRAIN_STEPS
     }
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, int | float):
-        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.3e}"
-    return str(v)
-
-
-def _eval_rows(first: Mapping[str, Any], last: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Rows ``metric | first | last | change`` over the eval keys either line has."""
-    keys = [k for k in dict.fromkeys([*first, *last]) if k.startswith("eval/") and k not in _SKIP_EVAL]
-    game = _is_game(first) or _is_game(last)
-    if game:
-        keys = [k for k in keys if not _team_only(k[5:])]
-    head = (
-        ("exploitability", "game_value") if game else ("avg@", "pass@", "reward", "invalid_rate", "num_tasks")
-    )
-
-    def order(k: str) -> tuple[int, int, str]:
-        rest = k[5:]
-        lead = next((i for i, h in enumerate(head) if rest.startswith(h)), len(head))
-        if "/" not in rest or (game and lead < len(head)):
-            return (0, lead, rest)
-        return (2, 0, rest) if rest.startswith(("env/", "invalid_rate/")) else (1, 0, rest)
-
-    rows = []
-    for k in sorted(keys, key=order):
-        a, b = first.get(k), last.get(k)
-        change = ""
-        if isinstance(a, int | float) and isinstance(b, int | float):
-            change = f"{b - a:+.4g}" if b != a else "0"
-        rows.append({"metric": k[5:], "first": _fmt(a), "last": _fmt(b), "change": change})
-    return rows
-
-
-def _settings(saved: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The settings table of a run page from its ``config.yaml`` as read (plain YAML data, not a
-    :class:`~mas_train.config.TrainConfig`: the page shows runs of older versions too)."""
-    groups = saved.get("model_groups") or {}
-    models = ", ".join(f"{g}: {v.get('model') or saved.get('model')}" for g, v in groups.items()) or str(
-        saved.get("model")
-    )
-    lora = saved.get("lora")
-    rows = [
-        (
-            "env",
-            f"{saved.get('env')} {json.dumps(saved['env_kwargs'])}"
-            if saved.get("env_kwargs")
-            else str(saved.get("env")),
-        ),
-        ("model", models),
-        ("model sharing", str(saved.get("model_sharing"))),
-        ("LoRA", f"r={lora.get('r')}, alpha={lora.get('alpha')}" if isinstance(lora, Mapping) else "off"),
-        ("advantage", f"{saved.get('advantage_mode')} (scope {saved.get('advantage_scope')})"),
-        (
-            "batch",
-            f"{saved.get('tasks_per_step')} tasks × G={saved.get('num_generations')} per step, "
-            f"max_steps {saved.get('max_steps')}, lr {saved.get('learning_rate')}",
-        ),
-        ("train data", str(saved.get("train_data") or "the env default")),
-        (
-            "eval",
-            f"{saved.get('eval_data') or 'the env default'}: {saved.get('eval_num_tasks') or 'all'} tasks × "
-            f"k={saved.get('eval_k')}, every {saved.get('eval_steps')} steps",
-        ),
-        ("seed", str(saved.get("seed"))),
-    ]
-    return rows
-
-
-def _diversity_rows(first: Mapping[str, Any], last: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Rows ``agent | what | first | last`` of the ``diversity/distinct…/<agent>`` keys either line has
-    (:func:`mas_train.metrics.diversity_metrics`): distinct first turns, then distinct final answers."""
-    kinds = (("distinct", "first turns (completions)"), ("distinct_answers", "final answers (parsed)"))
-    agents = [
-        k.split("/", 2)[2] for k in dict.fromkeys([*first, *last]) if k.startswith("diversity/distinct/")
-    ]
-    rows = []
-    for a in dict.fromkeys(agents):
-        for kind, what in kinds:
-            key = f"diversity/{kind}/{a}"
-            if key in first or key in last:
-                rows.append(
-                    {"agent": a, "what": what, "first": _fmt(first.get(key)), "last": _fmt(last.get(key))}
-                )
-    return rows
-
-
 def _summary(run: Mapping[str, Any]) -> dict[str, Any]:
     evals = run["evals"]
     first, last = (evals[0], evals[-1]) if evals else ({}, {})
     t0, t1 = run["train_first"], run["train_last"]
     secs = run["logged_seconds"]
     facts = [
-        ("steps trained", _fmt(t1.get("step"))),
+        ("steps trained", fmt(t1.get("step"))),
         ("logged over", f"{secs / 60:.1f} min" if secs is not None else "–"),
         (
             "episodes kept",
@@ -232,20 +127,14 @@ def _summary(run: Mapping[str, Any]) -> dict[str, Any]:
             f"{sum(r.get('kind') == 'eval' for r in run['episodes'])} evaluation",
         ),
     ]
-    game = _is_game(first) or _is_game(t1)
-    train_rows = [
-        {"metric": k[7:], "first": _fmt(t0.get(k)), "last": _fmt(t1.get(k))}
-        for k in _TRAIN_KEYS
-        if k in t1 and not (game and _team_only(k[7:]))
-    ]
     return {
-        "settings": _settings(run["config"]),
+        "settings": settings_rows(run["config"]),
         "facts": facts,
         "eval_steps": (first.get("step"), last.get("step")),
-        "eval_rows": _eval_rows(first, last) if evals else [],
+        "eval_rows": eval_rows(first, last) if evals else [],
         "train_steps": (t0.get("step"), t1.get("step")),
-        "train_rows": train_rows,
-        "diversity_rows": _diversity_rows(t0, t1),
+        "train_rows": train_rows(t0, t1, game=is_game(first) or is_game(t1)),
+        "diversity_rows": diversity_rows(t0, t1),
         "num_generations": run["config"].get("num_generations"),
     }
 
@@ -401,9 +290,9 @@ def build_comparison(
                 "link": os.path.relpath(page, out.parent).replace(os.sep, "/"),
                 "mode": cfg.get("advantage_mode"),
                 "seed": cfg.get("seed"),
-                "steps": _fmt(run["train_last"].get("step")),
+                "steps": fmt(run["train_last"].get("step")),
                 "avg": f"{avg['metric']}: {avg['first']} → {avg['last']}" if avg else "–",
-                "reward": _fmt(run["train_last"].get("charts/reward")),
+                "reward": fmt(run["train_last"].get("charts/reward")),
             }
         )
     html = _render(

@@ -155,7 +155,7 @@ def test_the_update_corrects_exactly_where_the_rule_says(
         seen.append(weight is not None)
         return weight
 
-    tr.sampler_check = _Callable(spy, tr.sampler_check.pop)
+    tr.sampler_check = _Callable(spy, tr.sampler_check)
     m = tr.update(samples, [1.0, -1.0, 0.5, -0.5])
     assert seen and all(s is applied for s in seen)  # a weight exactly when applied
     assert ("sampling/importance_sampling_ratio/mean" in m) is applied
@@ -166,8 +166,10 @@ def test_the_update_corrects_exactly_where_the_rule_says(
 
 
 class _Callable:
-    def __init__(self, call, pop):
-        self._call, self.pop = call, pop
+    """The real check's attributes (``pop``, ``correct``) with its call replaced by a spy."""
+
+    def __init__(self, call, real):
+        self._call, self.pop, self.correct = call, real.pop, real.correct
 
     def __call__(self, *a):
         return self._call(*a)
