@@ -298,13 +298,15 @@ def score_replies(
     under ``shared_lora``): with the collector bound, a :data:`mas_envs.core.Scorer`.
 
     Prompts are rendered as the collector renders them for sampling (:func:`~mas_train.rollout.render_prompt`); a
-    completion is the group tokenizer's encoding of its text (no special tokens added).
+    completion is scored as a whole reply: the group tokenizer's encoding of its text and then EOS
+    (:func:`~mas_train.move_choice.reply_ids`), as a sampled reply ends and as ``legal_moves_only`` plays it.
 
     Raises:
         KeyError: ``agent`` has no model group.
         TypeError: its generator cannot score (:func:`can_score` is false).
         ValueError: ``len(prompts) != len(completions)``.
     """
+    from mas_train.move_choice import reply_ids
     from mas_train.rollout import render_prompt
 
     group = collector.agent_groups[agent]
@@ -317,7 +319,7 @@ def score_replies(
         raise ValueError(f"got {len(completions)} completions for {len(prompts)} prompts")
     tok = collector.tokenizers[group]
     ids = [render_prompt(tok, m) for m in prompts]
-    comps = [tok.encode(c, add_special_tokens=False) for c in completions]
+    comps = [reply_ids(tok, c) for c in completions]
     return [float(sum(row)) for row in gen.score(ids, comps)]
 
 

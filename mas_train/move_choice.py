@@ -15,7 +15,16 @@ from mas_train.backends.base import GenerationOutput, SamplingParams
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["choose_moves"]
+__all__ = ["choose_moves", "reply_ids"]
+
+
+def reply_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """The token ids of ``text`` as a whole reply: its encoding (no special tokens added) and then EOS, the token a
+    sampled reply stops on, so the probability scored is that of replying exactly ``text`` and stopping. The one
+    encoding of a scored reply: the moves played (:func:`choose_moves`) and the exact evaluation
+    (:func:`mas_train.eval.score_replies`) read the same policy."""
+    eos = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    return tokenizer.encode(text, add_special_tokens=False) + eos
 
 
 def choose_moves(
@@ -28,7 +37,7 @@ def choose_moves(
     version: int = 0,
 ) -> list[tuple[str, GenerationOutput]]:
     """Draw one move per prompt among its legal labels by the model's probability of each move text
-    (``RolloutCollector(legal_moves_only=True)``): the candidates ``<move>LABEL</move>`` + EOS are scored in one
+    (``RolloutCollector(legal_moves_only=True)``): the candidates ``<move>LABEL</move>`` + EOS (:func:`reply_ids`) are scored in one
     ``score(prompt_ids, completion_ids)`` call (per-token log-probs, temperature 1), each distinct (prompt,
     candidate) pair once; move k is drawn with
     probability ∝ exp(Σ log p_k / T) from ``numpy.random.default_rng(sampling.seed)`` (T = 0: the likeliest).
@@ -37,10 +46,7 @@ def choose_moves(
         Per prompt, the label and a :class:`GenerationOutput` of the candidate's ids and scored logprobs
         (``finish_reason`` ``"stop"``, ``weight_version`` ``version``).
     """
-    eos = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
-    cands = [
-        [tokenizer.encode(format_move(m), add_special_tokens=False) + eos for m in moves] for moves in legal
-    ]
+    cands = [[reply_ids(tokenizer, format_move(m)) for m in moves] for moves in legal]
     pairs = [(tuple(p), tuple(c)) for p, cs in zip(prompts, cands, strict=True) for c in cs]
     # a game's episodes revisit few states (Kuhn poker: 12 prompts): each distinct pair is scored once
     distinct = list(dict.fromkeys(pairs))

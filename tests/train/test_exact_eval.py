@@ -46,8 +46,9 @@ class ScoringGenerator(ScriptGenerator):
         out = []
         for p, c in zip(prompt_ids, completion_ids, strict=True):
             key = kuhn.info_set_of(self.tok.decode(p))
-            move = self.tok.decode(c).removeprefix("<move>").removesuffix("</move>")
-            assert kuhn.action_texts(key)[move] == self.tok.decode(c)
+            assert c[-1] == self.tok.eos_token_id  # scored as a whole reply, as legal_moves_only plays it
+            move = self.tok.decode(c[:-1]).removeprefix("<move>").removesuffix("</move>")
+            assert kuhn.action_texts(key)[move] == self.tok.decode(c[:-1])
             self.scored.append(key)
             q = self.prob(key, move)
             out.append([math.log(q) if q > 0 else -math.inf] + [0.0] * (len(c) - 1))
@@ -191,7 +192,7 @@ def test_tiny_qwen3_run_logs_a_finite_exploitability_and_writes_the_table_each_e
     """A real kuhn-poker trainer on the tiny Qwen3 (shared_lora: one adapter per seat): the step-0 and step-1
     evaluations log eval/exploitability in [0, 17/12] and write evals/kuhn_policy_step-<NNNNNN>.json. At step 0 the
     adapters are the base model (LoRA B = 0), so each row's log-probs equal a teacher-forced forward of the
-    base model on the rendered prompt + move text."""
+    base model on the rendered prompt + move text + EOS."""
     pytest.importorskip("trl")
     from mas_train.assemble import assemble_trainer
     from mas_train.backends.testing import teacher_forced_logprobs
@@ -243,6 +244,8 @@ def test_tiny_qwen3_run_logs_a_finite_exploitability_and_writes_the_table_each_e
         prompt = render_prompt(mtok, messages[row["info_set"]])
         for move, text in kuhn.action_texts(row["info_set"]).items():
             want = sum(
-                teacher_forced_logprobs(model, prompt, mtok.encode(text, add_special_tokens=False), 1.0)
+                teacher_forced_logprobs(
+                    model, prompt, mtok.encode(text, add_special_tokens=False) + [mtok.eos_token_id], 1.0
+                )
             )
             assert row["logprobs"][move] == pytest.approx(want, abs=1e-3)
