@@ -1,6 +1,6 @@
 """Can a LoRA adapter learn to play its Kuhn poker card? The exact policy gradient, no sampling, per prompt layout.
 
-Usage: python scripts/kuhn_card_probe.py [--layout as_is|last|hold|hold_described] [--steps 10] [--lr 1e-4] [--targets q_proj,...]
+Usage: python scripts/kuhn_card_probe.py [--layout as_is|last|hold|hold_described] [--steps 10] [--lr 1e-4] [--targets q_proj,...] [--full]
 
 The question behind issue 40's ≤ 0.15 bar: every trained Kuhn table so far is card-blind (the aggressive move's
 probability equal for J, Q and K within 0.04). This asks whether that is the noise of sampled self-play or the
@@ -9,6 +9,7 @@ at its 6 information sets (`mas_envs.games.kuhn.policy_from_logprobs`'s rule, ke
 exact expected chips against the uniform opponent (whose best response *is* card-dependent: fold J to a bet, bet
 K), and takes one Adam step on minus their sum through the adapter (PEFT LoRA, `alpha = 2 r`), the objective's
 gradient by the chain rule through each information set's log-probabilities (memory bounded: rows in chunks).
+``--full`` trains every weight of the model instead (no adapter): whether the model, not its adapter, can learn it.
 
 Per printed step: both seats' values against uniform, the largest |p(K) - p(J)| over the 4 histories (the card
 gap; 0 = card-blind), the table's exploitability, and the table. ``--layout`` rewords the env's prompt
@@ -65,20 +66,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     ap.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj", help="LoRA target modules")
     ap.add_argument("--chunk", type=int, default=6, help="rows per forward/backward")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--full", action="store_true", help="train every weight (no LoRA adapter)")
     args = ap.parse_args(argv)
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(args.seed)
     model, tok = load_model_and_tokenizer(args.model)
-    model = get_peft_model(
-        model,
-        LoraConfig(
-            r=args.rank,
-            lora_alpha=2 * args.rank,
-            target_modules=args.targets.split(","),
-            task_type="CAUSAL_LM",
-        ),
-    )
+    if not args.full:
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=args.rank,
+                lora_alpha=2 * args.rank,
+                target_modules=args.targets.split(","),
+                task_type="CAUSAL_LM",
+            ),
+        )
     messages = info_set_messages(move_hint="choices")
     rows = []  # (info set, move, prompt ids, completion ids)
     for key in INFO_SETS:

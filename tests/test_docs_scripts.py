@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "scripts" / "search_run_env.py"
 KEYS = (
@@ -53,15 +55,17 @@ def test_search_run_env_figure_draws_six_panels_and_refuses_a_run_without_its_me
     assert gone.returncode == 2 and "metrics.jsonl not found" in gone.stderr
 
 
-def test_the_kuhn_card_probe_takes_exact_gradient_steps_that_raise_both_seats_value():
-    """scripts/kuhn_card_probe.py on the tiny model: the table it reports is a real one (its exploitability within
-    [0, 17/12]), and two Adam steps up the exact gradient raise the seats' summed value against uniform."""
+@pytest.mark.parametrize("extra", [["--layout", "last"], ["--full", "--lr", "0.001"]])
+def test_the_kuhn_card_probe_takes_exact_gradient_steps_that_raise_both_seats_value(extra):
+    """scripts/kuhn_card_probe.py on the tiny model, through a LoRA adapter and through every weight (``--full``):
+    the table it reports is a real one (its exploitability within [0, 17/12]), and two Adam steps up the exact
+    gradient raise the seats' summed value against uniform."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import kuhn_card_probe
     finally:
         sys.path.pop(0)
-    hist = kuhn_card_probe.main(["--model", "tiny-qwen3", "--steps", "2", "--lr", "0.05", "--layout", "last"])
+    hist = kuhn_card_probe.main(["--model", "tiny-qwen3", "--steps", "2", "--lr", "0.05", *extra])
     assert [h["step"] for h in hist] == [0, 1, 2]
     assert all(0.0 <= h["exploitability"] <= 17 / 12 and 0.0 <= h["card_gap"] <= 1.0 for h in hist)
     assert hist[2]["v0"] + hist[2]["v1"] > hist[0]["v0"] + hist[0]["v1"]
