@@ -34,6 +34,7 @@ from mas_envs.games.kuhn import (
     legal_actions,
 )
 from mas_train.models import load_model_and_tokenizer
+from mas_train.move_choice import reply_ids
 
 LAYOUTS = ("as_is", "last", "hold", "hold_described")
 _DESCRIBED = {
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         )
         prompt = tok(text, add_special_tokens=False).input_ids
         for move, completion in action_texts(key).items():
-            rows.append((key, move, prompt, tok(completion, add_special_tokens=False).input_ids))
+            rows.append((key, move, prompt, reply_ids(tok, completion)))  # the move as played: text + EOS
     width = max(len(p) + len(c) for *_, p, c in rows)
     ids = torch.full((len(rows), width), int(tok.pad_token_id or 0))
     attn = torch.zeros_like(ids)
