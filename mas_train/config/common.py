@@ -132,8 +132,8 @@ LAPTOP_DEFAULTS["kuhn-poker"] = {
 }
 # Tic-tac-toe: one start position, 8 games a step against a league of itself, its snapshots, random and
 # 50 %-random minimax; every evaluation also plays 10 games per seat against random and perfect minimax
-# (eval/vs/<opponent>/...: the 20 games). Seeds 0 and 1, 20 steps (README): win + draw against random
-# 12 -> 14 and 13 -> 13 of 20, draws against minimax 0 -> 0: it does not learn in this budget.
+# (eval/vs/<opponent>/...: the 20 games). Seeds 0-2, 20 steps (README): win + draw against random
+# 12 -> 14, 13 -> 13 and 11 -> 11 of 20, draws against minimax 0 -> 0: it does not learn in this budget.
 LAPTOP_DEFAULTS["tictactoe"] = {
     **_GAME,
     "tasks_per_step": 1,
