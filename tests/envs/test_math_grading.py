@@ -330,14 +330,28 @@ def test_an_idle_worker_killed_from_outside_is_replaced():
     assert grade_math(r"\boxed{\frac{3}{6}}", "0.5") is True
 
 
-def test_the_deadline_covers_extraction_too():
+@pytest.mark.parametrize(("scan_s", "left_s"), [(3.0, 1.0), (3.9, 0.5), (0.25, 3.75)])
+def test_the_deadline_covers_extraction_too(monkeypatch, scan_s, left_s):
     # 4 MB of braces (the action space's limit) cost ~1.8 s to scan, and the SymPy deadline came on top of
-    # that: 6.4 s in all. The worker now gets only what is left of GRADE_TIMEOUT_S.
-    grade_math(r"\boxed{1}", "2")  # a warm worker
-    response = r"\boxed{1}" + "{}" * 2_000_000 + r"\boxed{10^{10^{10}}}"
-    t0 = time.monotonic()
-    assert grade_math(response, "4") is False
-    assert time.monotonic() - t0 < 5.0
+    # that: 6.4 s in all. The worker now gets only what is left of GRADE_TIMEOUT_S (at least _MIN_SYMPY_S).
+    # A fake clock makes the scan take exactly scan_s, so the timeout handed to the worker is exact on any CPU
+    # (a wall-clock bound here failed on a slow 2-core CPU under the test suite's load).
+    from mas_envs.rewards import _worker, math_grade
+
+    assert (math_grade.GRADE_TIMEOUT_S, math_grade._MIN_SYMPY_S) == (4.0, 0.5)
+    clock = [100.0]
+    real_extract = math_grade.extract_boxed
+
+    def slow_extract(text):
+        clock[0] += scan_s
+        return real_extract(text)
+
+    handed = []
+    monkeypatch.setattr(math_grade, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    monkeypatch.setattr(math_grade, "extract_boxed", slow_extract)
+    monkeypatch.setattr(_worker, "equivalent", lambda pred, golds, timeout: handed.append(timeout) or False)
+    assert grade_math(r"\boxed{1}", "2") is False
+    assert handed == [pytest.approx(left_s)]
 
 
 def test_a_worker_that_cannot_be_spawned_falls_back_with_a_warning(monkeypatch):
