@@ -11,8 +11,8 @@ K), and takes one Adam step on minus their sum through the adapter (PEFT LoRA, `
 gradient by the chain rule through each information set's log-probabilities (memory bounded: rows in chunks).
 ``--full`` trains every weight of the model instead (no adapter): whether the model, not its adapter, can learn it.
 
-Per printed step: both seats' values against uniform, the largest |p(K) - p(J)| over the 4 histories (the card
-gap; 0 = card-blind), the table's exploitability, and the table. ``--layout`` rewords the env's prompt
+It prints how many weights it trains; per printed step: both seats' values against uniform, the largest
+|p(K) - p(J)| over the 4 histories (the card gap; 0 = card-blind), the table's exploitability, and the table. ``--layout`` rewords the env's prompt
 (`_layout`): the card line last, right before the model's turn; or "You hold K." before the reply line, with or
 without the card's rank described. About 50 s a step on one core with SmolLM2-135M.
 """
@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--full", action="store_true", help="train every weight (no LoRA adapter)")
     args = ap.parse_args(argv)
-    from peft import LoraConfig, get_peft_model
-
     torch.manual_seed(args.seed)
     model, tok = load_model_and_tokenizer(args.model)
     if not args.full:
+        from peft import LoraConfig, get_peft_model
+
         model = get_peft_model(
             model,
             LoraConfig(
@@ -109,7 +109,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         return torch.zeros(len(idx)).index_add(0, sel.nonzero()[:, 0], tok_lp)
 
     chunks = [torch.arange(j, min(j + args.chunk, len(rows))) for j in range(0, len(rows), args.chunk)]
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    sizes = {
+        "trainable_params": sum(p.numel() for p in trained),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    print(f"training {sizes['trainable_params']:,} of {sizes['params']:,} weights", flush=True)
+    opt = torch.optim.Adam(trained, lr=args.lr)
     uniform = dict.fromkeys(INFO_SETS, 0.5)
     history, t0 = [], time.time()
     for step in range(args.steps + 1):
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
             "v1": float(v1.detach()),
             "card_gap": gap,
             "exploitability": exploitability(plain),
+            **sizes,
         }
         history.append(row)
         print(

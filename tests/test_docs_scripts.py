@@ -55,8 +55,10 @@ def test_search_run_env_figure_draws_six_panels_and_refuses_a_run_without_its_me
     assert gone.returncode == 2 and "metrics.jsonl not found" in gone.stderr
 
 
-@pytest.mark.parametrize("extra", [["--layout", "last"], ["--full", "--lr", "0.001"]])
-def test_the_kuhn_card_probe_takes_exact_gradient_steps_that_raise_both_seats_value(extra):
+@pytest.mark.parametrize(
+    ("extra", "full"), [(["--layout", "last"], False), (["--full", "--lr", "0.001"], True)]
+)
+def test_the_kuhn_card_probe_takes_exact_gradient_steps_that_raise_both_seats_value(extra, full):
     """scripts/kuhn_card_probe.py on the tiny model, through a LoRA adapter and through every weight (``--full``):
     the table it reports is a real one (its exploitability within [0, 17/12]), and two Adam steps up the exact
     gradient raise the seats' summed value against uniform."""
@@ -69,3 +71,6 @@ def test_the_kuhn_card_probe_takes_exact_gradient_steps_that_raise_both_seats_va
     assert [h["step"] for h in hist] == [0, 1, 2]
     assert all(0.0 <= h["exploitability"] <= 17 / 12 and 0.0 <= h["card_gap"] <= 1.0 for h in hist)
     assert hist[2]["v0"] + hist[2]["v1"] > hist[0]["v0"] + hist[0]["v1"]
+    # --full trains every weight of the model; the adapter run trains only its LoRA matrices
+    n, total = hist[0]["trainable_params"], hist[0]["params"]
+    assert n == total if full else 0 < n < total / 10
