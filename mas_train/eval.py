@@ -9,7 +9,8 @@ and ``mas-eval`` both call :func:`evaluate` with the sampling of :func:`eval_sam
 every agent samples with its own training settings (``max_new_tokens``, its env's stop strings), at the
 evaluation ``temperature``, ``top_p`` and ``top_k`` of ``eval_sampling`` (and its ``max_new_tokens`` when that is
 set). The seeds do not depend on the
-training step, so evaluations at different steps see the same random numbers (a paired comparison).
+training step, so evaluations at different steps see the same random numbers (a paired comparison), nor on
+``tasks_per_batch`` (:func:`eval_seed_ids`), so a memory setting does not change what is measured.
 
 A game (:mod:`mas_envs.games`) can also be evaluated against fixed scripted opponents (``opponents``, the run's
 ``eval_opponents``): for each opponent and each seat, the learner plays that seat on every task ``k`` times with
@@ -41,9 +42,11 @@ if TYPE_CHECKING:
     from mas_train.samples import RolloutBatch
 
 __all__ = [
+    "EVAL_SEED_BLOCK",
     "EVAL_SEED_STEP",
     "can_score",
     "eval_sampling",
+    "eval_seed_ids",
     "evaluate",
     "exact_evaluation",
     "versus",
@@ -53,6 +56,33 @@ __all__ = [
 
 #: The ``step`` mixed into evaluation seeds (negative: never a training step's).
 EVAL_SEED_STEP = -1
+
+#: Tasks per block of the evaluation's seed layout: a task's episodes are seeded by the task's position in the
+#: evaluation set, as if the set were collected 8 tasks at a time (the default batch, under which every
+#: evaluation in the docs was measured), whatever ``tasks_per_batch`` is.
+EVAL_SEED_BLOCK = 8
+
+
+def eval_seed_ids(seed_step: int, start: int, n_tasks: int, k: int) -> list[tuple[int, int]]:
+    """The ``(step, index)`` seed pairs (:meth:`~mas_train.rollout.RolloutCollector.collect`'s ``seed_ids``) of the
+    ``k`` episodes of tasks ``start .. start + n_tasks - 1`` of an evaluation set, task-major.
+
+    Task ``T``'s episode ``g`` gets ``(seed_step * 100_003 - b, (T - b) * k + g)`` with ``b`` the first task of
+    its block of :data:`EVAL_SEED_BLOCK`: a function of ``T`` alone, so ``tasks_per_batch`` (memory, speed)
+    does not change which random numbers an episode sees.
+
+    Raises:
+        ValueError: ``start`` or ``n_tasks`` negative, or ``k < 1``.
+    """
+    if start < 0 or n_tasks < 0 or k < 1:
+        raise ValueError(
+            f"eval_seed_ids needs start >= 0, n_tasks >= 0 and k >= 1, got {start}, {n_tasks}, {k}"
+        )
+    out: list[tuple[int, int]] = []
+    for task in range(start, start + n_tasks):
+        block = task - task % EVAL_SEED_BLOCK
+        out.extend((seed_step * 100_003 - block, (task - block) * k + g) for g in range(k))
+    return out
 
 
 def eval_sampling(
@@ -148,7 +178,11 @@ def evaluate(
     for start in range(0, len(tasks), tasks_per_batch):
         chunk = tasks[start : start + tasks_per_batch]
         batch = collector.collect(
-            chunk, k, step=seed_step * 100_003 - start, sampling_override=sampling, uid_prefix=f"eval{start}/"
+            chunk,
+            k,
+            sampling_override=sampling,
+            uid_prefix=f"eval{start}/",
+            seed_ids=eval_seed_ids(seed_step, start, len(chunk), k),
         )
         for t in batch.trajectories:
             uids.append(t.task_uid)
@@ -242,10 +276,10 @@ def versus(
                 batch = collector.collect(
                     tasks[start : start + tasks_per_batch],
                     k,
-                    step=seed_step * 100_003 - start,
                     sampling_override=sampling,
                     uid_prefix=f"vs/{spec}/{me}/{start}/",
                     opponents=against,
+                    seed_ids=eval_seed_ids(seed_step, start, len(tasks[start : start + tasks_per_batch]), k),
                 )
                 for t in batch.trajectories:
                     for key in ("win", "draw", "loss"):

@@ -192,6 +192,7 @@ class RolloutCollector:
         sampling_override: SamplingParams | Mapping[str, SamplingParams] | None = None,
         uid_prefix: str = "",
         opponents: Callable[[int], Mapping[str, Opponent]] | None = None,
+        seed_ids: Sequence[tuple[int, int]] | None = None,
     ) -> RolloutBatch:
         """Run ``num_generations`` episodes of every task in lock-step.
 
@@ -207,15 +208,24 @@ class RolloutCollector:
             opponents: task index → seat → the :class:`~mas_train.league.Opponent` playing that seat in all G
                 episodes of the task (a league's draw); their turns are played by it and give no sample.
                 ``None`` or an empty mapping: every seat is the run's own model.
+            seed_ids: per episode (task-major, ``len(tasks) * num_generations`` of them), the ``(step, index)``
+                pair mixed into its env and sampling seeds in place of ``(step, its index in this call)``; lets a
+                caller that splits one task set into calls give each episode the same seeds under any split
+                (:func:`mas_train.eval.eval_seed_ids`). ``None``: ``(step, index in this call)``.
 
         Returns:
             A :class:`RolloutBatch`.
 
         Raises:
+            ValueError: ``num_generations < 1``, or ``seed_ids`` of another length than the episodes.
             RuntimeError: when an env is still running after ``max_ticks`` ticks.
         """
         if num_generations < 1:
             raise ValueError(f"num_generations must be >= 1, got {num_generations}")
+        n_episodes = len(tasks) * num_generations
+        if seed_ids is not None and len(seed_ids) != n_episodes:
+            raise ValueError(f"seed_ids has {len(seed_ids)} entries for {n_episodes} episodes (tasks × G)")
+        keys = list(seed_ids) if seed_ids is not None else [(step, i) for i in range(n_episodes)]
         t_env = 0.0
         t_gen = 0.0
         t0 = time.perf_counter()
@@ -226,7 +236,7 @@ class RolloutCollector:
             for g in range(num_generations):
                 i = t_idx * num_generations + g
                 env = self._env(i)
-                env.reset(seed=request_seed(self.seed, "reset", step, i), options={"task": dict(row)})
+                env.reset(seed=request_seed(self.seed, "reset", *keys[i]), options={"task": dict(row)})
                 episodes.append(
                     LiveEpisode(
                         env,
@@ -265,7 +275,7 @@ class RolloutCollector:
                 if foe is not None:
                     at = int(info.get("turn", ep.turn_counts[agent]))
                     sp = self._sampling_for(
-                        ep.env, agent, sampling_override, request_seed(self.seed, step, i, at)
+                        ep.env, agent, sampling_override, request_seed(self.seed, *keys[i], at)
                     )
                     pending_foe = OpponentTurn(ep.env, agent, info["messages"], sp)
                     foes.setdefault(id(foe), (foe, []))[1].append((i, pending_foe))
@@ -283,7 +293,7 @@ class RolloutCollector:
                     ep.step(agent, "", None, info["messages"], turn)
                     continue
                 sp = self._sampling_for(
-                    ep.env, agent, sampling_override, request_seed(self.seed, step, i, turn)
+                    ep.env, agent, sampling_override, request_seed(self.seed, *keys[i], turn)
                 )
                 pending = Turn(agent=agent, model_group=group, turn=turn, prompt_ids=prompt)
                 if self.legal_moves_only and info.get("legal_moves"):

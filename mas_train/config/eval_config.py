@@ -128,8 +128,8 @@ class EvalConfig:
         "Tokens per agent turn. None = the run's eval_sampling (each agent's own by default).", default=None
     )
     tasks_per_batch: int | None = _help(
-        "Tasks rolled out together (bounds memory). None = with --checkpoint the run's eval_tasks_per_batch (the "
-        "episodes' seeds depend on it), else 8.",
+        "Tasks rolled out together (bounds memory; the episodes' seeds do not depend on it). None = with "
+        "--checkpoint the run's eval_tasks_per_batch (the same batch shapes, so its evaluation to the digit), else 8.",
         default=None,
     )
     data_fields: dict[str, str] = _help(

@@ -265,3 +265,56 @@ def test_each_seat_of_a_zero_sum_game_is_scored_with_its_own_return(tok):
     assert {(s.agent, s.team_reward) for s in batch.samples} == {("player_0", 2.0), ("player_1", -2.0)}
     assert all(not s.invalid for s in batch.samples)
     assert [t.team_reward for t in batch.trajectories] == [0.0, 0.0]
+
+
+def test_eval_seed_ids_by_hand():
+    from mas_train.eval import eval_seed_ids
+
+    # tasks 6, 7 sit in the block starting at 0, tasks 8, 9 in the block starting at 8 (EVAL_SEED_BLOCK = 8)
+    assert eval_seed_ids(-1, 6, 4, 2) == [
+        (-100_003, 12),
+        (-100_003, 13),
+        (-100_003, 14),
+        (-100_003, 15),
+        (-100_011, 0),
+        (-100_011, 1),
+        (-100_011, 2),
+        (-100_011, 3),
+    ]
+    with pytest.raises(ValueError, match="k >= 1"):
+        eval_seed_ids(-1, 0, 3, 0)
+
+
+def test_seed_ids_of_another_length_are_refused(tok):
+    col = collector(tok, {"g": ScriptGenerator(tok, approve_all)}, {"solver": "g", "verifier": "g"})
+    with pytest.raises(ValueError, match="seed_ids has 3 entries for 4 episodes"):
+        col.collect(TASKS, 2, seed_ids=[(0, 0), (0, 1), (0, 2)])
+
+
+def test_evaluation_seeds_do_not_depend_on_tasks_per_batch(tok):
+    """An episode's seeds are a function of its task's place in the set: batching 3, 8 or all 20 tasks at a
+    time rolls out the same requests and scores the same; batch 8 keeps the layout every documented number was
+    measured with (seed step ``-100_003 - start``, index in the batch)."""
+    from mas_train.eval import evaluate
+    from mas_train.prompts import request_seed
+
+    tasks = [dict(TASKS[i % 2], id=f"t{i}") for i in range(20)]
+
+    def run(per_batch):
+        seen = []
+
+        def reply(text, sp):
+            seen.append((text, sp.seed))
+            return approve_all(text, sp)
+
+        col = collector(tok, {"g": ScriptGenerator(tok, reply)}, {"solver": "g", "verifier": "g"}, seed=5)
+        out = evaluate(col, tasks, k=3, tasks_per_batch=per_batch, exact=False)
+        return sorted(seen), {key: v for key, v in out.items() if key != "eval/seconds"}
+
+    seen8, out8 = run(8)
+    assert run(3) == (seen8, out8)
+    assert run(20) == (seen8, out8)
+    assert 0.0 < out8["eval/avg@3"] < 1.0  # the seeds decide the answers, so a changed seed changes the score
+    # task 10, episode 2, turn 0 (its solver turn) in the old batch-8 layout: step -100_003 - 8, index 2 * 3 + 2
+    old = request_seed(5, -100_003 - 8, 8, 0)
+    assert sum(s == old for _, s in seen8) == 1
