@@ -58,8 +58,8 @@ __all__ = [
 EVAL_SEED_STEP = -1
 
 #: Tasks per block of the evaluation's seed layout: a task's episodes are seeded by the task's position in the
-#: evaluation set, as if the set were collected 8 tasks at a time (the default batch, under which every
-#: evaluation in the docs was measured), whatever ``tasks_per_batch`` is.
+#: evaluation set, as if the set were collected 8 tasks at a time (the default ``eval_tasks_per_batch``, so an
+#: evaluation measured at 8 before the layout was fixed keeps its seeds), whatever ``tasks_per_batch`` is.
 EVAL_SEED_BLOCK = 8
 
 

@@ -129,7 +129,7 @@ class EvalConfig:
     )
     tasks_per_batch: int | None = _help(
         "Tasks rolled out together (bounds memory; the episodes' seeds do not depend on it). None = with "
-        "--checkpoint the run's eval_tasks_per_batch (the same batch shapes, so its evaluation to the digit), else 8.",
+        "--checkpoint the run's eval_tasks_per_batch (the same batches as its evaluations), else 8.",
         default=None,
     )
     data_fields: dict[str, str] = _help(

@@ -283,6 +283,31 @@ def test_versus_minimax_the_naive_learner_never_wins_and_loses_every_game_as_x(t
     assert {k: v for k, v in full.items() if k.startswith("eval/vs/")} == versus(col, tasks, ["minimax"], k=2)
 
 
+def test_versus_plays_the_same_games_under_any_evaluation_batching(tok):
+    """The learner's cell is drawn by its request seed and the random opponent by its own per-task seed: batching
+    the 11 tasks 3, 8 or 11 at a time plays the very same moves (same prompts and seeds) and the same results."""
+    from mas_train.eval import versus
+
+    def by_seed(text, sp):
+        moves = re.findall(r"Legal moves: ([0-9, ]+)", text)[-1].split(",")
+        return f"<move>{moves[sp.seed % len(moves)].strip()}</move>"
+
+    tasks = [{"id": f"g{i}", "question": "play", "data_source": "tictactoe"} for i in range(11)]
+
+    def run(per_batch):
+        seen = []
+        gen = ScriptGenerator(tok, lambda text, sp: seen.append((text, sp.seed)) or by_seed(text, sp))
+        got = versus(
+            _collector("tictactoe", gen, tok, seed=3), tasks, ["random"], k=2, tasks_per_batch=per_batch
+        )
+        return sorted(seen), got
+
+    seen8, got8 = run(8)
+    assert 0.0 < got8["eval/vs/random/win"] < 1.0  # the seeds decide the games
+    assert run(3) == (seen8, got8)
+    assert run(11) == (seen8, got8)
+
+
 def test_eval_opponents_are_refused_on_a_team_env_and_checked_against_the_game(tmp_path):
     from mas_train.config import TrainConfig
     from mas_train.startup import prepare

@@ -8,8 +8,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _train_fakes import ScriptGenerator, make_script_env  # noqa: E402
+from _train_fakes import ScriptEnv, ScriptGenerator, make_script_env  # noqa: E402
 
+from mas_envs.core import wrap  # noqa: E402
 from mas_train.backends.base import SamplingParams  # noqa: E402
 from mas_train.rollout import RolloutCollector, render_prompt  # noqa: E402
 
@@ -307,7 +308,22 @@ def test_evaluation_seeds_do_not_depend_on_tasks_per_batch(tok):
             seen.append((text, sp.seed))
             return approve_all(text, sp)
 
-        col = collector(tok, {"g": ScriptGenerator(tok, reply)}, {"solver": "g", "verifier": "g"}, seed=5)
+        class Recorded(ScriptEnv):
+            def reset(self, seed=None, options=None):
+                seen.append((options["task"]["id"], seed))  # the env's reset seed, by task
+                return super().reset(seed=seed, options=options)
+
+        col = RolloutCollector(
+            lambda: wrap(Recorded()),
+            generators={"g": ScriptGenerator(tok, reply)},
+            tokenizers={"g": tok},
+            agent_groups={"solver": "g", "verifier": "g"},
+            sampling={
+                "solver": SamplingParams(max_new_tokens=8),
+                "verifier": SamplingParams(max_new_tokens=8),
+            },
+            seed=5,
+        )
         out = evaluate(col, tasks, k=3, tasks_per_batch=per_batch, exact=False)
         return sorted(seen), {key: v for key, v in out.items() if key != "eval/seconds"}
 
