@@ -273,13 +273,14 @@ def versus(
                     )
                     return {s: foe for s in seats if s != me}
 
+                chunk = tasks[start : start + tasks_per_batch]
                 batch = collector.collect(
-                    tasks[start : start + tasks_per_batch],
+                    chunk,
                     k,
                     sampling_override=sampling,
                     uid_prefix=f"vs/{spec}/{me}/{start}/",
                     opponents=against,
-                    seed_ids=eval_seed_ids(seed_step, start, len(tasks[start : start + tasks_per_batch]), k),
+                    seed_ids=eval_seed_ids(seed_step, start, len(chunk), k),
                 )
                 for t in batch.trajectories:
                     for key in ("win", "draw", "loss"):

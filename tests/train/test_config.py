@@ -907,7 +907,7 @@ def test_eval_config_parses_the_mas_eval_flags():
         2,
         5,
         {"max_loops": 3},
-        None,  # the checkpoint's eval_tasks_per_batch (its batch shapes, so its numbers to the digit), else 8
+        None,  # the checkpoint's eval_tasks_per_batch (the same batches as the run's evaluations), else 8
     )
     assert (e.temperature, e.top_p, e.max_new_tokens, e.initial) == (None, None, None, False)
     assert parse_eval_args(["--checkpoint", "runs/x", "--initial"]).initial is True

@@ -294,8 +294,8 @@ def test_seed_ids_of_another_length_are_refused(tok):
 
 def test_evaluation_seeds_do_not_depend_on_tasks_per_batch(tok):
     """An episode's seeds are a function of its task's place in the set: batching 3, 8 or all 20 tasks at a
-    time rolls out the same requests and scores the same; batch 8 keeps the layout every documented number was
-    measured with (seed step ``-100_003 - start``, index in the batch)."""
+    time rolls out the same requests and scores the same; batch 8 keeps the old code's batch-8 seeds (seed step
+    ``-100_003 - start``, index in the batch), so evaluations measured at 8 keep theirs."""
     from mas_train.eval import evaluate
     from mas_train.prompts import request_seed
 
